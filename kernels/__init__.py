@@ -1,0 +1,22 @@
+"""Hand-written Triton kernels for RMSNorm, RoPE and SwiGLU.
+
+This package is an implementation under test in the sense of design.md §2: the harness finds the
+ops below by name and the arguments each may overwrite in ``CLOBBERS``. On a machine without a
+GPU the kernels run through Triton's interpreter, with its bf16 casts corrected (see _runtime).
+"""
+
+from . import _runtime  # noqa: F401  (picks GPU or interpreter before any kernel is decorated)
+from .rms_norm import rms_norm
+from .rope import rope
+from .swiglu import swiglu, swiglu_DWf_DW_dfg_kernel, swiglu_fg_kernel
+
+# Arguments each op may overwrite, by parameter name. Everything else must be bit-for-bit intact.
+CLOBBERS: dict[str, set[str]] = {
+    "rms_norm": set(),
+    "rope": {"Q", "K"},  # rotated in place (autograd is told through mark_dirty)
+    "swiglu": set(),
+    "swiglu_fg_kernel": set(),
+    "swiglu_DWf_DW_dfg_kernel": {"DW", "e", "g"},  # receive h, df and de
+}
+
+__all__ = ["CLOBBERS", "rms_norm", "rope", "swiglu", "swiglu_DWf_DW_dfg_kernel", "swiglu_fg_kernel"]

@@ -1,0 +1,65 @@
+"""Row addressing for tensors of shape (..., n_cols) in any layout.
+
+Row kernels take each tensor's strides instead of demanding contiguous memory, so transposed,
+sliced and stride-0 (expanded) tensors are read in place without a copy. Leading dimensions are
+merged where every tensor allows it; the kernels address up to three leading dimensions
+(row -> i0, i1, i2), which covers a row-major batch, a transposed pair and a sliced third.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MAX_LEADING = 3
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    lead: tuple[int, int, int]  # (L0, L1, L2): row index r = (i0 * L1 + i1) * L2 + i2
+    strides: tuple[tuple[int, int, int, int], ...]  # per tensor: (s0, s1, s2, column stride)
+
+    @property
+    def n_rows(self) -> int:
+        return self.lead[0] * self.lead[1] * self.lead[2]
+
+
+def _merge_leading(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> list[tuple[int, list[int]]]:
+    """Groups of leading dims as (size, stride per tensor), merging neighbours that are contiguous for all."""
+    groups: list[tuple[int, list[int]]] = []
+    for dim, size in enumerate(shape):
+        if size == 1:
+            continue  # a size-1 dim never moves the address
+        dim_strides = [s[dim] for s in strides]
+        if groups:
+            prev_size, prev_strides = groups[-1]
+            if all(ps == st * size for ps, st in zip(prev_strides, dim_strides)):
+                groups[-1] = (prev_size * size, dim_strides)
+                continue
+        groups.append((size, dim_strides))
+    return groups
+
+
+def row_layout(*tensors: torch.Tensor) -> RowLayout | None:
+    """Layout of same-shaped tensors viewed as rows, or None if more than three leading groups remain."""
+    shape = tuple(tensors[0].shape[:-1])
+    strides = [tuple(t.stride()) for t in tensors]
+    groups = _merge_leading(shape, [s[:-1] for s in strides])
+    if len(groups) > MAX_LEADING:
+        return None
+    groups = [(1, [0] * len(tensors))] * (MAX_LEADING - len(groups)) + groups
+    lead = tuple(size for size, _ in groups)
+    per_tensor = tuple(
+        (groups[0][1][i], groups[1][1][i], groups[2][1][i], strides[i][-1]) for i in range(len(tensors))
+    )
+    return RowLayout(lead=lead, strides=per_tensor)
+
+
+def rows_addressable(*tensors: torch.Tensor) -> tuple[RowLayout, tuple[torch.Tensor, ...]]:
+    """A RowLayout for the tensors, copying them to contiguous memory only when no layout exists."""
+    layout = row_layout(*tensors)
+    if layout is None:  # rare: four or more independent leading strides
+        tensors = tuple(t.contiguous() for t in tensors)
+        layout = row_layout(*tensors)
+    return layout, tensors

@@ -1,0 +1,235 @@
+"""Rotary position embedding applied to Q and K in place; backward is the same kernel rotating back.
+
+HF's ``apply_rotary_pos_emb(q, k, cos, sin)`` with ``rotate_half(x) = cat(-x2, x1)`` gives, per head
+row split into halves x1, x2 and the table row (c1 c2), (s1 s2) of the token's position:
+
+    y1 = x1 * c1 - x2 * s1        every product and sum rounded to the model dtype, as HF's
+    y2 = x2 * c2 + x1 * s2        eager ops do (and fp-fusion off, so no fused multiply-add)
+
+The rotation is orthogonal, so its backward is the transposed rotation of the incoming gradient:
+
+    dx1 = dy1 * c1 + dy2 * s2     = the forward formula with sin negated (and its halves swapped,
+    dx2 = dy2 * c2 - dy1 * s1       which changes nothing for HF's tables, whose halves are equal)
+
+Forward rotates the caller's Q and K buffers in place (the seed's memory saving: no new
+activation, nothing saved but the table) and tells autograd so with ``mark_dirty``. Backward
+writes new tensors and never touches its incoming gradient.
+
+Grid: (batch * seq, groups of GROUP_SIZE heads). Each program loads its token's cos/sin row once
+and rotates up to GROUP_SIZE heads of Q and of K as one 2-D block; masks stop the last group at
+n_heads (and at n_kv_heads for K, which has fewer heads under GQA).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _checks
+from ._runtime import launching
+
+GROUP_SIZE = 4  # heads per program: amortises the cos/sin loads over several heads
+
+
+@triton.jit
+def _rotate_heads(
+    In_ptr, In_sb, In_sh, In_ss, In_sd,  # rows to rotate: Q or K (forward), dQ or dK (backward)
+    Out_ptr, Out_sb, Out_sh, Out_ss, Out_sd,  # where the rotated rows go (the same buffer in forward)
+    b, s, heads, n_heads, cols, col_mask, half_dim,
+    c1, c2, sa, sb,  # table halves already in the model dtype; sa multiplies x2, sb multiplies x1
+    COMPUTE: tl.constexpr,
+):
+    dtype: tl.constexpr = Out_ptr.dtype.element_ty
+    mask = (heads < n_heads)[:, None] & col_mask[None, :]
+
+    # Load both halves of every head row in the group.
+    row_in = In_ptr + b * In_sb + s * In_ss + heads[:, None] * In_sh
+    x1 = tl.load(row_in + cols[None, :] * In_sd, mask=mask, other=0.0).to(COMPUTE)
+    x2 = tl.load(row_in + (cols[None, :] + half_dim) * In_sd, mask=mask, other=0.0).to(COMPUTE)
+
+    # Rotate with HF's roundings: each product is rounded to the model dtype (.to(dtype).to(COMPUTE)),
+    # then their sum is rounded by the store.
+    y1 = (x1 * c1[None, :]).to(dtype).to(COMPUTE) + (x2 * sa[None, :]).to(dtype).to(COMPUTE)
+    y2 = (x2 * c2[None, :]).to(dtype).to(COMPUTE) + (x1 * sb[None, :]).to(dtype).to(COMPUTE)
+
+    # Write: all loads of this block happened above, so in-place rotation is safe.
+    row_out = Out_ptr + b * Out_sb + s * Out_ss + heads[:, None] * Out_sh
+    tl.store(row_out + cols[None, :] * Out_sd, y1, mask=mask)
+    tl.store(row_out + (cols[None, :] + half_dim) * Out_sd, y2, mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    Qin_ptr, Qin_sb, Qin_sh, Qin_ss, Qin_sd,  # (batch, n_heads, seq, head_dim), any strides
+    Qout_ptr, Qout_sb, Qout_sh, Qout_ss, Qout_sd,
+    Kin_ptr, Kin_sb, Kin_sh, Kin_ss, Kin_sd,  # (batch, n_kv_heads, seq, head_dim)
+    Kout_ptr, Kout_sb, Kout_sh, Kout_ss, Kout_sd,
+    cos_ptr, cos_row_stride, cos_col_stride,  # table (max_pos, head_dim)
+    sin_ptr, sin_row_stride, sin_col_stride,
+    pos_ptr, pos_b_stride, pos_s_stride,  # (batch, seq) table row per token, if HAS_POSITIONS
+    seq_len, n_heads, n_kv_heads, half_dim,
+    HAS_POSITIONS: tl.constexpr,
+    BACKWARD_PASS: tl.constexpr,  # rotate back: the same kernel with sin negated
+    COMPUTE: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    b = token // seq_len
+    s = token % seq_len
+    heads = tl.program_id(1).to(tl.int64) * GROUP_SIZE + tl.arange(0, GROUP_SIZE)
+    cols = tl.arange(0, BLOCK_HALF).to(tl.int64)  # 64-bit addressing
+    col_mask = cols < half_dim
+    dtype: tl.constexpr = Qout_ptr.dtype.element_ty
+
+    # The token's table row, cast to the model dtype as HF's rotary embedding does.
+    if HAS_POSITIONS:
+        pos = tl.load(pos_ptr + b * pos_b_stride + s * pos_s_stride).to(tl.int64)
+    else:
+        pos = s
+    cos_row = cos_ptr + pos * cos_row_stride
+    sin_row = sin_ptr + pos * sin_row_stride
+    c1 = tl.load(cos_row + cols * cos_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
+    c2 = tl.load(cos_row + (cols + half_dim) * cos_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
+    s1 = tl.load(sin_row + cols * sin_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
+    s2 = tl.load(sin_row + (cols + half_dim) * sin_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
+    if BACKWARD_PASS:
+        sa = s2
+        sb = -s1
+    else:
+        sa = -s1
+        sb = s2
+
+    _rotate_heads(Qin_ptr, Qin_sb, Qin_sh, Qin_ss, Qin_sd, Qout_ptr, Qout_sb, Qout_sh, Qout_ss, Qout_sd,
+                  b, s, heads, n_heads, cols, col_mask, half_dim, c1, c2, sa, sb, COMPUTE)
+    _rotate_heads(Kin_ptr, Kin_sb, Kin_sh, Kin_ss, Kin_sd, Kout_ptr, Kout_sb, Kout_sh, Kout_ss, Kout_sd,
+                  b, s, heads, n_kv_heads, cols, col_mask, half_dim, c1, c2, sa, sb, COMPUTE)
+
+
+_TL = {torch.float32: tl.float32, torch.float64: tl.float64}
+
+
+def _launch(Q_in, Q_out, K_in, K_out, cos, sin, position_ids, backward: bool) -> None:
+    """One launch rotating Q (and K, unless K_in is None) from *_in into *_out."""
+    batch, n_heads, seq, head_dim = Q_out.shape
+    if K_in is None:  # rotate Q alone: point K at Q with no heads, so every K lane is masked off
+        K_in, K_out, n_kv_heads = Q_in, Q_out, 0
+    else:
+        n_kv_heads = K_out.shape[1]
+    half = head_dim // 2
+    block_half = triton.next_power_of_2(half)
+    has_positions = position_ids is not None
+    pos = position_ids if has_positions else cos  # any tensor; never read without HAS_POSITIONS
+    pos_strides = position_ids.stride() if has_positions else (0, 0)
+    grid = (batch * seq, triton.cdiv(n_heads, GROUP_SIZE))
+    with launching():
+        _rope_kernel[grid](
+            Q_in, *Q_in.stride(), Q_out, *Q_out.stride(), K_in, *K_in.stride(), K_out, *K_out.stride(),
+            cos, *cos.stride(), sin, *sin.stride(), pos, *pos_strides,
+            seq, n_heads, n_kv_heads, half,
+            HAS_POSITIONS=has_positions, BACKWARD_PASS=backward,
+            COMPUTE=_TL[_checks.compute_dtype(Q_out)], GROUP_SIZE=GROUP_SIZE, BLOCK_HALF=block_half,
+            num_warps=max(1, min(8, GROUP_SIZE * block_half // 256)),
+            enable_fp_fusion=False,  # a fused multiply-add would skip one of HF's roundings
+        )
+
+
+class RotatedInPlace(torch.autograd.Function):
+    """Autograd's record that one tensor was rotated in place.
+
+    Note [One Function per tensor]
+        The forward kernel rotates Q and K in one launch (the cos/sin row is loaded once per
+        token). Autograd, however, refuses a Function that modifies a *view* in place and returns
+        more than one tensor, and in a model Q and K are always views (of a projection, through
+        ``.view(...).transpose(1, 2)``). So ``rope`` launches once, then records each tensor with
+        this single-output Function: its forward only marks the tensor dirty (bumping its version
+        counter, so anything that saved the old values raises on backward); its backward rotates
+        that tensor's gradient back into a new tensor, leaving the incoming gradient untouched.
+    """
+
+    @staticmethod
+    def forward(ctx, X, cos, sin, position_ids):
+        ctx.mark_dirty(X)
+        ctx.save_for_backward(cos, sin, position_ids)
+        return X
+
+    @staticmethod
+    def backward(ctx, dX):
+        cos, sin, position_ids = ctx.saved_tensors
+        dX_new = torch.empty(dX.shape, dtype=dX.dtype, device=dX.device)
+        if dX.numel() > 0:
+            _launch(dX, dX_new, None, None, cos, sin, position_ids, backward=True)
+        return dX_new, None, None, None
+
+
+def _validate(Q, K, cos, sin, position_ids) -> None:
+    for name, t in (("Q", Q), ("K", K), ("cos", cos), ("sin", sin)):
+        _checks.require_float(name, t)
+    _checks.require_ndim("Q", Q, 4, "(batch, n_heads, seq, head_dim)")
+    _checks.require_ndim("K", K, 4, "(batch, n_kv_heads, seq, head_dim)")
+    _checks.require_same_dtype(Q=Q, K=K)
+    tensors = {"Q": Q, "K": K, "cos": cos, "sin": sin}
+    if position_ids is not None:
+        tensors["position_ids"] = _checks.require_tensor("position_ids", position_ids)
+    _checks.require_kernel_device(**tensors)
+
+    batch, n_heads, seq, head_dim = Q.shape
+    if (K.shape[0], K.shape[2], K.shape[3]) != (batch, seq, head_dim):
+        raise ValueError(f"K {tuple(K.shape)} must match Q {tuple(Q.shape)} in batch, seq and head_dim")
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even to rotate pairs, got {head_dim}")
+    if K.shape[1] == 0 or n_heads % K.shape[1]:
+        raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({K.shape[1]})")
+    if cos.dim() != 2 or cos.shape[1] != head_dim or sin.shape != cos.shape:
+        raise ValueError(f"cos and sin must both be (max_pos, head_dim={head_dim}), "
+                         f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    _validate_positions(position_ids, batch, seq, cos.shape[0])
+    for name, t in (("Q", Q), ("K", K)):
+        _require_rotatable_in_place(name, t)
+
+
+def _require_rotatable_in_place(name: str, t: torch.Tensor) -> None:
+    """Refuse, before the kernel runs, what autograd would refuse after it (the data would be lost)."""
+    if torch.is_grad_enabled() and t.requires_grad:
+        base = t._base if t._is_view() else t
+        if base.is_leaf:
+            what = "is a leaf" if base is t else "is a view of a leaf"
+            raise ValueError(f"rope rotates {name} in place, and {name} {what} that requires grad; "
+                             f"pass {name}.clone() (autograd forbids in-place changes to such leaves)")
+        if torch._debug_has_internal_overlap(t) == 1:
+            raise ValueError(f"{name} has elements that share memory (expanded?); rotate a copy")
+
+
+def _validate_positions(position_ids, batch: int, seq: int, max_pos: int) -> None:
+    if position_ids is None:
+        if seq > max_pos:
+            raise ValueError(f"seq ({seq}) exceeds the table's {max_pos} positions")
+        return
+    if position_ids.dtype.is_floating_point or position_ids.dtype.is_complex or position_ids.dtype == torch.bool:
+        raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
+    if tuple(position_ids.shape) != (batch, seq):
+        raise ValueError(f"position_ids must be (batch, seq) = ({batch}, {seq}), got {tuple(position_ids.shape)}")
+    if position_ids.numel():
+        low, high = (int(v) for v in torch.aminmax(position_ids))
+        if low < 0 or high >= max_pos:
+            raise ValueError(f"position_ids span [{low}, {high}], outside the table's rows [0, {max_pos - 1}]")
+
+
+@torch.compiler.disable
+def rope(Q: torch.Tensor, K: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate Q and K by their tokens' positions, IN PLACE, as HF's apply_rotary_pos_emb.
+
+    Q: (batch, n_heads, seq, head_dim), K: (batch, n_kv_heads, seq, head_dim), any strides, one
+    dtype; cos, sin: (max_pos, head_dim) tables as HF builds them, fp32 or the model dtype (rows are
+    cast to Q's dtype, as HF does); position_ids: (batch, seq) table rows per token (packed
+    sequences restart inside a row), None for 0..seq-1 in every row.
+
+    Returns Q and K themselves, rotated. Q and K are overwritten (``CLOBBERS["rope"]``): a caller who
+    still needs the originals passes copies. Differentiable in Q and K.
+    """
+    _validate(Q, K, cos, sin, position_ids)
+    if Q.numel() > 0:
+        _launch(Q, Q, K, K, cos, sin, position_ids, backward=False)
+    return (RotatedInPlace.apply(Q, cos, sin, position_ids), RotatedInPlace.apply(K, cos, sin, position_ids))

@@ -1,0 +1,1 @@
+"""The oracle: Hugging Face's maths exactly, a float64 truth, and the differential engine around them."""

@@ -1,0 +1,198 @@
+"""Aliasing checks that need graphs of their own (design.md §4). The engine's main run already
+covers snapshots (1), the shared incoming gradient of a residual (2), guard bands (4) and
+poisoned allocations (5); here are the rest, each returning Findings that say what was corrupted
+and where:
+
+- ``sum-loss``       (2) ``op(x).sum()``: backward receives a stride-0 expanded gradient.
+- ``two-consumers``  (2) the output feeds two ops that saved it; their gradients must stay right.
+- ``retain-graph``       a second backward is bit-identical to the first, or raises.
+- ``views``          (3) the inputs are views into one fused buffer (QKV, gate/up); the bystander
+                         block beside them (V) must stay untouched and the results right.
+- ``version-counter``(6) a clobbered argument saved by another op: autograd must raise, never
+                         hand back a silently wrong gradient.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+
+import torch
+
+from .cases import Case
+from .compare import judge
+from .engine import Finding, place, prepare
+from .impls import Implementation
+from .memory import GuardedTensor, Snapshot, bits, rehomed_allocations
+from .specs import OpSpec, fill, generator
+
+
+def _verdict_findings(check: str, spec: OpSpec, got: dict, prepared, names) -> list[Finding]:
+    hf, truth, reordered = prepared.hf.tensors(), prepared.truth.tensors(), prepared.reordered.tensors()
+    out = []
+    for name in names:
+        v = judge(name, got[name], hf[name], truth[name], reordered.get(name))
+        if not v.passed:
+            out.append(Finding(check, name, "forward" if name in spec.outputs else "backward",
+                               f"wrong result: {v.reason}", v.worst.get("index"), v.worst.get("h"), v.worst.get("k")))
+    return out
+
+
+def _guard_findings(check: str, homes: list[GuardedTensor]) -> list[Finding]:
+    return [Finding(check, home.label, "forward/backward", f"write outside the tensor at offset {hit['position']}",
+                    expected=hit["expected"], found=hit["found"]) for home in homes for hit in home.corruption()]
+
+
+def sum_loss(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
+    """Backward of ``sum(op(x))``: every output's gradient is a stride-0 expanded ones tensor."""
+    prepared = prepare(spec, case, device, upstream_fn=lambda c, n, out: torch.ones_like(out))
+    guards: list[GuardedTensor] = []
+    args, leaves = place(spec, case, prepared.args, device, guards)
+    with torch.enable_grad(), rehomed_allocations() as allocations:
+        outs = spec.call(impl.op(spec.name), args)
+        sum(out.sum() for out in outs).backward()
+    got = {"d" + n: leaf.grad for n, leaf in leaves.items()}
+    return _verdict_findings("sum-loss", spec, got, prepared, spec.grad_names()) + \
+        _guard_findings("sum-loss", guards + allocations)
+
+
+def two_consumers(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
+    """``loss = sum(y * c1) + sum(y * c2)``: both products saved y; c1.grad and c2.grad must be y."""
+    weights = {}
+
+    def upstream(c: Case, name: str, out: torch.Tensor) -> torch.Tensor:
+        c1 = fill(tuple(out.shape), out.dtype, "normal", generator(c, "c1" + name), out.device)
+        c2 = fill(tuple(out.shape), out.dtype, "normal", generator(c, "c2" + name), out.device)
+        weights[name] = (c1, c2)
+        return c1 + c2  # what autograd accumulates for y, in y's dtype
+
+    prepared = prepare(spec, case, device, upstream_fn=upstream)
+    guards: list[GuardedTensor] = []
+    args, leaves = place(spec, case, prepared.args, device, guards)
+    findings = []
+    with torch.enable_grad():
+        outs = dict(zip(spec.outputs, spec.call(impl.op(spec.name), args)))
+        y_bits = {n: bits(y).clone() for n, y in outs.items()}
+        leaves_c = {n: (c1.clone().requires_grad_(), c2.clone().requires_grad_()) for n, (c1, c2) in weights.items()}
+        loss = sum((outs[n] * c1).sum() + (outs[n] * c2).sum() for n, (c1, c2) in leaves_c.items())
+        loss.backward()
+    for name, (c1, c2) in leaves_c.items():
+        for label, c in (("c1", c1), ("c2", c2)):
+            if not torch.equal(bits(c.grad), y_bits[name]):
+                findings.append(Finding("two-consumers", f"{label} (consumer of {name})", "backward",
+                                        f"its gradient is not {name} as forward returned it: {name}'s memory changed "
+                                        "before the other consumer's backward read it"))
+    got = {"d" + n: leaf.grad for n, leaf in leaves.items()}
+    return findings + _verdict_findings("two-consumers", spec, got, prepared, spec.grad_names())
+
+
+def retain_graph(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
+    """Two backwards through one graph: the second must equal the first bit for bit, or raise."""
+    prepared = prepare(spec, case, device)
+    args, leaves = place(spec, case, prepared.args, device, [])
+    with torch.enable_grad():
+        outs = spec.call(impl.op(spec.name), args)
+        upstream = [prepared.upstream[n] for n in spec.outputs]
+        first = torch.autograd.grad(outs, list(leaves.values()), upstream, retain_graph=True)
+        try:
+            second = torch.autograd.grad(outs, list(leaves.values()), upstream)
+        except RuntimeError as exc:
+            if str(exc).strip():
+                return []  # a clear refusal is allowed
+            return [Finding("retain-graph", "graph", "backward", "second backward raised without a message")]
+    return [Finding("retain-graph", "d" + name, "backward",
+                    "a second backward (retain_graph=True) returned different values than the first")
+            for name, a, b in zip(leaves, first, second) if not torch.equal(bits(a), bits(b))]
+
+
+def fused_views(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
+    """Layout arguments as views of one fused buffer, with a bystander block (V) beside them."""
+    prepared = prepare(spec, case, device)
+    first = prepared.args[spec.layout_args[0]]
+    shapes = {n: tuple(prepared.args[n].shape) for n in spec.layout_args} | {"bystander": tuple(first.shape)}
+    home = GuardedTensor(spec.fusion.shape(shapes), first.dtype, device, label="fused buffer")
+    args, leaves = place(spec, case, {n: v for n, v in prepared.args.items() if n not in spec.layout_args},
+                         device, [home])
+    # Fill the buffer, then route it through one differentiable copy from a leaf of its own shape:
+    # the views taken afterwards belong to a non-leaf (in-place is legal, as for a projection's
+    # output) and their gradients arrive on that leaf, at the views' positions.
+    with torch.no_grad():
+        for name, view in spec.fusion.views(home.tensor, shapes).items():
+            value = prepared.args.get(name)
+            view.copy_(value if value is not None else fill(shapes[name], first.dtype, "normal", generator(case, "V"), device))
+    fused_leaf = home.tensor.detach().clone().requires_grad_()
+    with torch.enable_grad():
+        views = spec.fusion.views(home.tensor.copy_(fused_leaf), shapes)
+    args |= {n: views[n] for n in spec.layout_args}
+    untouched = Snapshot({"bystander": views["bystander"]} |
+                         {n: views[n] for n in spec.layout_args if n not in impl.clobbers(spec.name)})
+    with torch.enable_grad(), rehomed_allocations() as allocations:
+        outs = dict(zip(spec.outputs, spec.call(impl.op(spec.name), args)))
+        got = {n: out.detach().clone() for n, out in outs.items()}
+        if spec.differentiable:
+            torch.autograd.backward([outs[n] for n in spec.outputs], [prepared.upstream[n] for n in spec.outputs])
+    if spec.differentiable:
+        fused_grads = spec.fusion.views(fused_leaf.grad, shapes)
+        got |= {"d" + n: fused_grads[n] if n in spec.layout_args else leaves[n].grad for n in spec.differentiable}
+    findings = [Finding("views", name, "forward/backward", f"changed ({d['count']} element(s))", d["index"],
+                        d["expected"], d["found"]) for name, d in untouched.changed().items()]
+    return findings + _verdict_findings("views", spec, got, prepared, spec.compared()) + \
+        _guard_findings("views", [home] + allocations)
+
+
+def version_counter(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
+    """Each argument the op may overwrite, saved first by another op (``(T * c).sum()`` saves T for
+    c's gradient): after the op, that backward must raise autograd's version-counter error."""
+    findings = []
+    prepared = prepare(spec, case, device)
+    for name in sorted(impl.clobbers(spec.name)):
+        if not isinstance(prepared.args.get(name), torch.Tensor):
+            continue
+        args, _ = place(spec, case, prepared.args, device, [])
+        with torch.enable_grad():
+            source = prepared.args[name].detach().clone().requires_grad_()
+            T = torch.empty_like(source).copy_(source)  # a non-leaf: the op may rotate/overwrite it
+            args[name] = T
+            original = T.detach().clone()
+            c = torch.ones_like(source).requires_grad_()
+            saved = (T * c).sum()
+            spec.call(impl.op(spec.name), args)
+            try:
+                saved.backward()
+            except RuntimeError as exc:
+                if "modified by an inplace operation" in str(exc):
+                    continue
+                raise
+        if not torch.equal(bits(c.grad), bits(original)):
+            findings.append(Finding("version-counter", name, "forward",
+                                    "overwritten without telling autograd: a gradient that needed the old values "
+                                    "came back silently wrong instead of raising"))
+    return findings
+
+
+CHECKS: dict[str, tuple[Callable, Callable[[OpSpec], bool]]] = {
+    # name: (check, applies to the spec?)
+    "sum-loss": (sum_loss, lambda spec: bool(spec.differentiable)),
+    "two-consumers": (two_consumers, lambda spec: bool(spec.differentiable)),
+    "retain-graph": (retain_graph, lambda spec: bool(spec.differentiable)),
+    "views": (fused_views, lambda spec: spec.fusion is not None and bool(spec.layout_args)),
+    "version-counter": (version_counter, lambda spec: True),
+}
+
+
+def applicable(spec: OpSpec) -> list[str]:
+    return [name for name, (_, applies) in CHECKS.items() if applies(spec)]
+
+
+def run_check(name: str, spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
+    """One check; an exception inside it is itself a finding (with the traceback's last lines)."""
+    check, _ = CHECKS[name]
+    try:
+        return check(spec, case, impl, device)
+    except Exception:  # noqa: BLE001 - report, do not lose the other checks
+        return [Finding(name, spec.name, "-", "the check raised:\n" + traceback.format_exc(limit=-4))]
+
+
+def run_all(spec: OpSpec, case: Case, impl: Implementation, device) -> dict[str, list[Finding]]:
+    return {name: run_check(name, spec, case, impl, device) for name in applicable(spec)}
+

@@ -1,0 +1,297 @@
+"""The differential engine: one case through HF, the truth and an implementation, then the verdict.
+
+``run_case`` is the unit everything else uses (tests, report, repro). For one case it
+
+1. makes the arguments (spec.make_args) and evaluates, with autograd, HF's maths in the test dtype,
+   the truth (the same maths on float64 copies) and the reordered form (the verdict's floor);
+2. runs the implementation on guarded copies in the case's layout, with its own allocations
+   re-homed into NaN-poisoned guarded buffers, through a residual graph ``z = r + op(x)`` so that
+   the gradient it receives is shared with another branch (``r``), as in a real residual stream;
+3. judges the forward outputs and every gradient (compare.judge) and collects the aliasing
+   findings that this one run can prove (checks 1, 2, 4 and 5 of design.md §4; the checks that
+   need graphs of their own live in aliasing.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from . import reference as R
+from .cases import Case
+from .compare import TensorVerdict, judge
+from .impls import Implementation
+from .memory import CONTIGUOUS, GuardedTensor, Snapshot, bits, rehomed_allocations
+from .specs import SPECS, OpSpec, upstream_gradient
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One aliasing or memory-safety problem: which check, what was corrupted and where."""
+
+    check: str  # snapshot | incoming-gradient | views | guard-band | unwritten | version-counter | retain-graph | ...
+    tensor: str
+    phase: str  # forward | backward
+    message: str
+    index: list[int] | None = None
+    expected: float | None = None
+    found: float | None = None
+
+    def describe(self) -> str:
+        where = f" at {self.index}" if self.index is not None else ""
+        values = f" (expected {self.expected!r}, found {self.found!r})" if self.expected is not None else ""
+        return f"[{self.check}] {self.tensor} during {self.phase}{where}: {self.message}{values}"
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    impl: str
+    status: str  # pass | fail | error | crash | skipped
+    verdicts: list[TensorVerdict] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+    @property
+    def repro(self) -> str:
+        return repro_command(self.case, self.impl)
+
+    def to_dict(self) -> dict:
+        return {"case": asdict(self.case), "impl": self.impl, "status": self.status,
+                "verdicts": [v.to_dict() for v in self.verdicts], "findings": [asdict(f) for f in self.findings],
+                "error": self.error, "seconds": self.seconds, "repro": self.repro}
+
+    def explain(self) -> str:
+        """A failure report a person can act on: the case, metrics per tensor, findings, the repro."""
+        lines = [f"{self.status.upper()}: {self.case.summary()}  [impl {self.impl}]"]
+        for v in self.verdicts:
+            mark = "ok  " if v.passed else "FAIL"
+            lines.append(
+                f"  {mark} {v.name:6s} max|k-t|={v.max_abs:.3g} bound={v.bound:.3g} ratio={v.error_ratio:.3g} "
+                f"bit-identical={v.bit_identical:.1%} ulp(max/p99)={v.ulp_max:.0f}/{v.ulp_p99:.0f}"
+                + ("" if v.passed else f"\n       {v.reason}; worst {v.worst}"))
+        lines += ["  " + f.describe() for f in self.findings]
+        if self.error:
+            lines.append("  " + self.error.strip().replace("\n", "\n  "))
+        lines.append(f"  rerun: {self.repro}")
+        return "\n".join(lines)
+
+
+def repro_command(case: Case, impl: str) -> str:
+    return f"python -m oracle.repro --impl {shlex.quote(impl)} {shlex.quote(case.to_json())}"
+
+
+# --- references ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Evaluation:
+    outputs: dict[str, torch.Tensor]
+    grads: dict[str, torch.Tensor]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {**self.outputs, **self.grads}
+
+
+def evaluate(spec: OpSpec, fn, args: dict, upstream: dict | None, compute=None) -> Evaluation:
+    """Run ``fn`` (a reference or an implementation) with autograd on fresh leaves for the
+    differentiable arguments; ``upstream`` maps output names to the gradients fed to backward."""
+    leaves = {name: args[name].detach().clone().requires_grad_() for name in spec.differentiable}
+    call = functools.partial(fn, compute=compute) if compute is not None else fn
+    with torch.enable_grad():
+        outs = spec.call(call, {**args, **leaves})
+        outputs = dict(zip(spec.outputs, outs))
+        grads = {}
+        if leaves and upstream is not None:
+            names = [n for n in spec.outputs if outputs[n].requires_grad]
+            got = torch.autograd.grad([outputs[n] for n in names], list(leaves.values()),
+                                      [upstream[n] for n in names], allow_unused=True)
+            grads = {"d" + n: g if g is not None else torch.zeros_like(leaves[n]) for n, g in zip(leaves, got)}
+    return Evaluation({n: t.detach() for n, t in outputs.items()}, grads)
+
+
+@dataclass
+class Prepared:
+    """A case's arguments and the three reference evaluations the implementation is judged against."""
+
+    args: dict
+    upstream: dict[str, torch.Tensor]
+    hf: Evaluation
+    truth: Evaluation
+    reordered: Evaluation
+
+
+def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient) -> Prepared:
+    args = spec.make_args(case, device)
+    # HF's forward gives the outputs' shapes and dtypes, from which the upstream gradients are drawn.
+    forward = evaluate(spec, spec.reference, args, None)
+    upstream = {name: upstream_fn(case, name, out) for name, out in forward.outputs.items()} if spec.differentiable else {}
+    hf = evaluate(spec, spec.reference, args, upstream)
+    truth = evaluate(spec, spec.reference, {k: R.upcast(v) for k, v in args.items()},
+                     {k: R.upcast(v) for k, v in upstream.items()}, compute=torch.float64)
+    reordered = evaluate(spec, spec.reference_reordered, args, upstream, compute=torch.float32)
+    return Prepared(args, upstream, hf, truth, reordered)
+
+
+# --- the implementation -------------------------------------------------------------------------
+
+
+@dataclass
+class ImplRun:
+    outputs: dict[str, torch.Tensor]
+    grads: dict[str, torch.Tensor]
+    findings: list[Finding]
+
+
+def place(spec: OpSpec, case: Case, args: dict, device, guards: list, layout: str | None = None) -> tuple[dict, dict]:
+    """Guarded copies of the arguments (the layout args in the case's layout), and the leaves their
+    differentiable ones are copied from: gradients arrive on the leaves, layout-independent."""
+    placed, leaves = {}, {}
+    for name, value in args.items():
+        if not isinstance(value, torch.Tensor):
+            placed[name] = value
+            continue
+        where = spec.layout_of(layout or case.layout, tuple(value.shape)) if name in spec.layout_args else CONTIGUOUS
+        home = GuardedTensor(value.shape, value.dtype, device, where, label=name)
+        guards.append(home)
+        if name in spec.differentiable:
+            leaves[name] = value.detach().clone().requires_grad_()
+            with torch.enable_grad():
+                placed[name] = home.tensor.copy_(leaves[name])  # differentiable: the view joins the graph
+        else:
+            with torch.no_grad():
+                placed[name] = home.tensor.copy_(value)
+    return placed, leaves
+
+
+def run_impl(spec: OpSpec, case: Case, impl: Implementation, prepared: Prepared, device) -> ImplRun:
+    fn, clobbers = impl.op(spec.name), impl.clobbers(spec.name)
+    findings: list[Finding] = []
+    guards: list[GuardedTensor] = []
+    args, leaves = place(spec, case, prepared.args, device, guards)
+    watched = Snapshot({n: t for n, t in args.items() if isinstance(t, torch.Tensor) and n not in clobbers})
+
+    with torch.enable_grad(), rehomed_allocations() as allocations:
+        outs = spec.call(fn, args)
+    if len(outs) != len(spec.outputs):
+        raise TypeError(f"{spec.name} returned {len(outs)} value(s), the contract has {len(spec.outputs)}")
+    outputs = dict(zip(spec.outputs, outs))
+    findings += _changed(watched, "snapshot", "forward", "changed but is not declared in CLOBBERS")
+    findings += _buffers_hold(spec, args, outputs)
+    forward_bits = {n: bits(t).clone() for n, t in outputs.items()}
+
+    grads = {}
+    if spec.differentiable:
+        grads, backward_findings = _backward(spec, case, outputs, leaves, prepared, device, guards, allocations)
+        findings += backward_findings
+        findings += _changed(watched, "snapshot", "backward", "changed during backward but is not declared in CLOBBERS")
+
+    for home in guards + allocations:
+        for hit in home.corruption():
+            findings.append(Finding("guard-band", home.label, "forward/backward",
+                                    f"write outside the tensor's elements at offset {hit['position']}",
+                                    expected=hit["expected"], found=hit["found"]))
+    # Judge the outputs as they were right after forward (backward must not have touched them either).
+    for name, out in outputs.items():
+        if not torch.equal(bits(out), forward_bits[name]):
+            findings.append(Finding("snapshot", name, "backward", "output changed during backward"))
+    return ImplRun({n: t.detach() for n, t in outputs.items()}, grads, findings)
+
+
+def _backward(spec, case, outputs, leaves, prepared, device, guards, allocations):
+    """Backward through ``z = r + y`` per output, checking the shared incoming gradient stays intact."""
+    findings = []
+    upstream, residuals, captured = {}, {}, []
+    for name, out in outputs.items():
+        home = GuardedTensor(out.shape, out.dtype, device, label="d" + name)
+        guards.append(home)
+        upstream[name] = home.tensor.copy_(prepared.upstream[name])
+        residuals[name] = torch.zeros(out.shape, dtype=out.dtype, device=device, requires_grad=True)
+        if out.requires_grad:
+            out.register_hook(lambda g, n=name: captured.append((n, g, bits(g).clone())))
+    incoming = Snapshot({"d" + n: t for n, t in upstream.items()})
+    with torch.enable_grad():
+        for name, out in outputs.items():
+            if not out.requires_grad:
+                raise TypeError(f"{spec.name}'s output {name} does not require grad; autograd cannot reach the inputs")
+        z = [residuals[n] + outputs[n] for n in outputs]
+        with rehomed_allocations() as more:
+            torch.autograd.backward(z, [upstream[n] for n in outputs])
+        allocations.extend(more)
+    findings += _changed(incoming, "incoming-gradient", "backward", "the gradient handed to backward was overwritten")
+    for name, grad, before in captured:
+        if not torch.equal(bits(grad), before):
+            findings.append(Finding("incoming-gradient", "d" + name, "backward",
+                                    "the gradient tensor autograd passed in was modified"))
+    for name, r in residuals.items():
+        if r.grad is None or not torch.equal(bits(r.grad), bits(prepared.upstream[name])):
+            findings.append(Finding("incoming-gradient", f"residual branch of {name}", "backward",
+                                    "the other branch sharing the gradient received a corrupted gradient"))
+    grads = {"d" + n: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)) for n, leaf in leaves.items()}
+    return grads, findings
+
+
+def _changed(snapshot: Snapshot, check: str, phase: str, message: str) -> list[Finding]:
+    return [Finding(check, name, phase, f"{message} ({d['count']} element(s))", d["index"], d["expected"], d["found"])
+            for name, d in snapshot.changed().items()]
+
+
+def _buffers_hold(spec: OpSpec, args: dict, outputs: dict) -> list[Finding]:
+    """Raw kernels promise their results live in named argument buffers."""
+    out = []
+    for output, buffer in spec.buffers_hold_outputs.items():
+        got, home = outputs[output], args[buffer]
+        same = got.data_ptr() == home.data_ptr() and got.shape == home.shape and got.stride() == home.stride()
+        if not same or not torch.equal(bits(got), bits(home)):
+            out.append(Finding("buffers", buffer, "forward", f"does not hold {output} as the contract says"))
+    return out
+
+
+# --- the verdict --------------------------------------------------------------------------------
+
+
+def judge_all(spec: OpSpec, prepared: Prepared, run: ImplRun) -> tuple[list[TensorVerdict], list[Finding]]:
+    got = {**run.outputs, **run.grads}
+    hf, truth, reordered = prepared.hf.tensors(), prepared.truth.tensors(), prepared.reordered.tensors()
+    verdicts, findings = [], []
+    for name in spec.compared():
+        k, h = got[name], hf[name]
+        verdicts.append(judge(name, k, h, truth[name], reordered.get(name)))
+        unwritten = int((k.isnan() & ~h.to(k.device).isnan()).sum()) if k.shape == h.shape else 0
+        if unwritten:
+            findings.append(Finding("unwritten", name, "forward" if name in spec.outputs else "backward",
+                                    f"{unwritten} element(s) NaN where HF has a number (unwritten, read from poisoned memory?)"))
+    return verdicts, findings
+
+
+def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> CaseResult:
+    """Everything for one case; exceptions become an 'error' result carrying the traceback."""
+    spec = SPECS[spec] if isinstance(spec, str) else spec
+    start = time.perf_counter()
+    result = CaseResult(case, impl.name, "pass")
+    if impl.op(spec.name) is None:
+        result.status = "skipped"
+        result.error = f"{impl.name} has no {spec.name}"
+        return result
+    try:
+        prepared = prepare(spec, case, device)
+        run = run_impl(spec, case, impl, prepared, device)
+        result.verdicts, unwritten = judge_all(spec, prepared, run)
+        result.findings = run.findings + unwritten
+        if result.findings or not all(v.passed for v in result.verdicts):
+            result.status = "fail"
+    except Exception:  # noqa: BLE001 - any exception is a result to report, with its traceback
+        result.status = "error"
+        result.error = traceback.format_exc(limit=-6)
+    result.seconds = time.perf_counter() - start
+    return result

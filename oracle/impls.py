@@ -1,0 +1,142 @@
+"""Implementations under test (design.md §2): built-in names and ``package.module:attr`` loading.
+
+An implementation is any object exposing some of the contract's callables (``rms_norm``, ``rope``,
+``swiglu``, ``swiglu_fg_kernel``, ``swiglu_DWf_DW_dfg_kernel``) and optionally ``CLOBBERS``. Ops it
+lacks are skipped and listed, never failed.
+
+Built in:
+- ``kernels``: this project's Triton kernels (the default).
+- ``hf``: the oracle's own HF maths run as an implementation. It must pass everything; if it
+  does not, the harness is wrong, not the kernels.
+- ``compile``: ``torch.compile`` of the HF maths (the raw SwiGLU kernels have no HF counterpart to
+  compile, so they are lacking).
+- ``liger``: Liger-Kernel's autograd ops behind the contract's signatures, when ``liger-kernel`` is
+  installed (``pip install 'kernel-oracle[liger]'``). It declares no CLOBBERS: Liger documents none.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from . import reference as R
+
+OPS = ("rms_norm", "rope", "swiglu", "swiglu_fg_kernel", "swiglu_DWf_DW_dfg_kernel")
+
+
+class ImplementationUnavailable(RuntimeError):
+    """The implementation cannot be loaded here (a missing optional package, say); the reason says why."""
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str  # as given on the command line
+    target: object
+
+    def op(self, op: str):
+        return getattr(self.target, op, None)
+
+    def clobbers(self, op: str) -> set[str]:
+        return set(getattr(self.target, "CLOBBERS", {}).get(op, set()))
+
+    def lacking(self) -> list[str]:
+        return [op for op in OPS if self.op(op) is None]
+
+
+# --- hf -----------------------------------------------------------------------------------------
+
+
+def _hf_swiglu_backward(DW, e, g):
+    h, df, de = R.swiglu_lora_backward(DW, e, g)
+    with torch.no_grad():
+        DW.copy_(h)
+        e.copy_(df)
+        g.copy_(de)
+    return DW, e, g
+
+
+def _hf():
+    return SimpleNamespace(
+        rms_norm=lambda X, W, eps, gemma=False: R.rms_norm(X, W, eps, gemma),
+        rope=lambda Q, K, cos, sin, position_ids=None: R.rope(Q, K, cos, sin, position_ids),
+        swiglu=lambda e, g: R.swiglu(e, g),
+        swiglu_fg_kernel=lambda e, g: R.swiglu(e, g).detach(),
+        swiglu_DWf_DW_dfg_kernel=_hf_swiglu_backward,
+        CLOBBERS={"swiglu_DWf_DW_dfg_kernel": {"DW", "e", "g"}},
+    )
+
+
+# --- compile ------------------------------------------------------------------------------------
+
+
+def _compile():
+    compile_ = functools.partial(torch.compile, dynamic=True)
+    rms = compile_(R.rms_norm)
+    rope = compile_(R.rope)
+    swiglu = compile_(R.swiglu)
+    return SimpleNamespace(
+        rms_norm=lambda X, W, eps, gemma=False: rms(X, W, eps, gemma),
+        rope=lambda Q, K, cos, sin, position_ids=None: rope(Q, K, cos, sin, position_ids),
+        swiglu=lambda e, g: swiglu(e, g),
+    )
+
+
+# --- liger --------------------------------------------------------------------------------------
+
+
+def _liger():
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.rope import LigerRopeFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except ImportError as exc:
+        raise ImplementationUnavailable(
+            f"liger-kernel is not importable ({exc}); install it with pip install 'kernel-oracle[liger]'") from exc
+
+    def rms_norm(X, W, eps, gemma=False):
+        # Liger's defaults: Llama casting with in_place=True (dX written into dY), Gemma with offset 1.
+        if gemma:
+            return LigerRMSNormFunction.apply(X, W, eps, 1.0, "gemma", True)
+        return LigerRMSNormFunction.apply(X, W, eps, 0.0, "llama", True)
+
+    def rope(Q, K, cos, sin, position_ids=None):
+        # Liger takes the gathered rows, as HF's rotary embedding returns them: (batch, seq, head_dim).
+        if position_ids is None:
+            position_ids = torch.arange(Q.shape[2], device=Q.device).expand(Q.shape[0], -1)
+        return LigerRopeFunction.apply(Q, K, cos[position_ids].to(Q.dtype), sin[position_ids].to(Q.dtype))
+
+    return SimpleNamespace(rms_norm=rms_norm, rope=rope, swiglu=lambda e, g: LigerSiLUMulFunction.apply(e, g))
+
+
+def _kernels():
+    return importlib.import_module("kernels")
+
+
+BUILTIN = {"kernels": _kernels, "hf": _hf, "compile": _compile, "liger": _liger}
+
+
+@functools.cache
+def load(name: str) -> Implementation:
+    """``kernels``, ``hf``, ``compile``, ``liger``, or ``package.module:attr`` (attr may be dotted)."""
+    if name in BUILTIN:
+        return Implementation(name, BUILTIN[name]())
+    if ":" not in name:
+        raise ValueError(f"unknown implementation {name!r}: use one of {', '.join(BUILTIN)} or package.module:attr")
+    module_name, attr = name.split(":", 1)
+    try:
+        target = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImplementationUnavailable(f"cannot import {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as exc:
+            raise ValueError(f"{module_name!r} has no attribute {attr!r}") from exc
+    implementation = Implementation(name, target)
+    if len(implementation.lacking()) == len(OPS):
+        raise ValueError(f"{name} exposes none of the contract's ops ({', '.join(OPS)})")
+    return implementation

@@ -1,0 +1,39 @@
+"""``python -m oracle.repro [--impl NAME] '<case json>'``: rerun exactly one case and explain it.
+
+Every failure the tests or the report print ends with this command. Exit status: 0 pass,
+1 fail/error, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .cases import Case
+from .devices import default_device
+from .engine import run_case
+from .impls import ImplementationUnavailable, load
+from .specs import SPECS
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m oracle.repro", description=__doc__.splitlines()[0])
+    parser.add_argument("case", help="the case as printed by a failure (JSON)")
+    parser.add_argument("--impl", default="kernels", help="kernels, hf, compile, liger or package.module:attr")
+    parser.add_argument("--device", default=None, help="torch device (default: the kernels' device)")
+    args = parser.parse_args(argv)
+    try:
+        case = Case.from_json(args.case)
+        if case.op not in SPECS:
+            raise ValueError(f"unknown op {case.op!r}; known: {', '.join(SPECS)}")
+        impl = load(args.impl)
+    except (ValueError, ImplementationUnavailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    result = run_case(case.op, case, impl, args.device or default_device())
+    print(result.explain())
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,396 @@
+"""One declarative spec per op: how to draw a case, make its tensors, call it, and what to compare.
+
+Note [Specs]
+    Tests (tests/test_ops.py), the report's sweep and the gate iterate over ``SPECS``; nothing
+    else knows about individual ops. Adding an op (say GeGLU) means one kernel file and one spec
+    here: every differential check, aliasing check, gradcheck, report cell and gate rule then
+    covers it. A spec holds values, never test names: anything an op cannot do is a field here,
+    with the reason next to it.
+
+A spec's ``call(fn, args)`` calls an implementation *or* a reference with the contract's signature
+(design.md §2), so one function drives both sides of the comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import strategies as st
+
+from . import cases as C
+from . import reference as R
+from .cases import Case
+from .memory import CONTIGUOUS, FUSE_HEADS, FUSE_LAST_DIM, Fusion, Layout
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class ErrorInput:
+    """A call that must raise ``error`` (with a message matching ``match``) before any kernel runs."""
+
+    description: str
+    args: Callable[[torch.device], dict]  # device -> arguments by name
+    error: type
+    match: str
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    # --- identity
+    name: str  # the implementation's attribute, and the key in its CLOBBERS
+    variants: tuple[str, ...]
+    summary: str
+
+    # --- calling: the contract's signature
+    arg_names: tuple[str, ...]  # the arguments, in call order
+    call: Callable[[Callable, dict], tuple]  # (fn, args by name) -> outputs as a tuple
+    outputs: tuple[str, ...]  # names of the outputs, in order
+    differentiable: tuple[str, ...]  # arguments whose gradients are compared (named "d" + argument)
+
+    # --- references (contract signature plus ``compute=``)
+    reference: Callable  # HF's maths
+    reference_reordered: Callable  # the same maths in another valid order (the verdict's floor)
+
+    # --- drawing cases and making their tensors
+    cases: Callable[..., st.SearchStrategy[Case]]  # (budget, dtypes) -> strategy
+    make_args: Callable[[Case, torch.device], dict]  # contiguous, detached values by argument name
+    layout_args: tuple[str, ...]  # arguments placed in the case's layout
+    layout_of: Callable[[str, tuple[int, ...]], Layout]  # (layout name, shape) -> Layout
+    sweep: Callable[[bool], list[Case]]  # (full) -> the report's fixed grid
+
+    # --- extras
+    gradcheck_case: Case | None = None  # a small float64 case for torch.autograd.gradcheck
+    buffers_hold_outputs: dict[str, str] = field(default_factory=dict)  # output -> argument whose buffer holds it
+    fusion: Fusion | None = FUSE_LAST_DIM  # how the layout args share one storage in real models
+    error_inputs: Callable[[torch.device], list[ErrorInput]] = lambda device: []
+
+    def grad_names(self) -> tuple[str, ...]:
+        return tuple("d" + name for name in self.differentiable)
+
+    def compared(self) -> tuple[str, ...]:
+        """Every tensor the verdict judges: the outputs, then the gradients."""
+        return self.outputs + self.grad_names()
+
+
+# --- values -------------------------------------------------------------------------------------
+
+
+def generator(case: Case, salt: str) -> torch.Generator:
+    """A CPU generator for one tensor of a case: the same numbers on every device and worker."""
+    return torch.Generator().manual_seed((case.seed * 1_000_003 + sum(map(ord, salt)) * 7919) % 2**63)
+
+
+def fill(shape, dtype: torch.dtype, kind: str, gen: torch.Generator, device) -> torch.Tensor:
+    """Values of one kind (cases.VALUE_KINDS) made on the CPU in fp64, rounded to dtype, then moved."""
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    n = x.numel()
+    if kind == "large":
+        x = x * 1000.0  # squares beyond fp16's range; exp(-e) overflows fp32 for SwiGLU
+    elif kind == "tiny":
+        x = x * 1e-4  # x^2 far below typical eps: eps dominates; fp16 near its subnormals
+    elif kind == "zero_rows" and x.dim() > 0:
+        rows = x.reshape(-1, x.shape[-1])
+        rows[torch.rand(rows.shape[0], generator=gen) < 0.4] = 0.0
+    elif kind == "outliers" and n:
+        picks = torch.randint(0, n, (max(1, n // 100),), generator=gen)
+        x.view(-1)[picks] *= 1000.0
+    elif kind == "nonfinite" and n:
+        picks = torch.randint(0, n, (3,), generator=gen)
+        for pick, value in zip(picks.tolist(), (math.nan, math.inf, -math.inf)):
+            x.view(-1)[pick] = value
+    if kind != "nonfinite":
+        x = x.clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max)  # no accidental inf from rounding
+    return x.to(dtype).to(device)
+
+
+def upstream_gradient(case: Case, name: str, like: torch.Tensor) -> torch.Tensor:
+    """The gradient fed to backward for output ``name``: normal values, seeded, in the output's dtype."""
+    return fill(tuple(like.shape), like.dtype, "normal", generator(case, "d" + name), like.device)
+
+
+def _layout_last_two(layout: str, shape: tuple[int, ...]) -> Layout:
+    """Layouts for (..., n) tensors: 'transposed' stores the last dim outermost."""
+    rank = len(shape)
+    if layout == "transposed" and rank >= 2:
+        return Layout(order=(rank - 1,) + tuple(range(rank - 1)))
+    return _common_layout(layout)
+
+
+def _layout_bshd(layout: str, shape: tuple[int, ...]) -> Layout:
+    """Layouts for (batch, heads, seq, head_dim): 'transposed' is HF's (batch, seq, heads, head_dim) storage."""
+    if layout == "transposed":
+        return Layout(order=(0, 2, 1, 3))
+    return _common_layout(layout)
+
+
+def _common_layout(layout: str) -> Layout:
+    if layout == "offset":
+        return Layout(offset=7)  # odd: misaligns vectorised loads
+    if layout == "strided":
+        return Layout(pad=3)  # gaps between rows: writes there are out of bounds
+    return CONTIGUOUS
+
+
+# --- RMSNorm ------------------------------------------------------------------------------------
+
+
+def _rms_norm_args(case: Case, device) -> dict:
+    dtype = DTYPES[case.dtype]
+    shape = tuple(case.dims["lead"]) + (case.dims["cols"],)
+    w_dtype = torch.float32 if case.params.get("weight") == "float32" else dtype
+    X = fill(shape, dtype, case.values, generator(case, "X"), device)
+    # Gemma stores W around 0 (it scales by 1 + W); Llama's W sits around 1.
+    w = fill((shape[-1],), torch.float64, "normal", generator(case, "W"), "cpu") * 0.1
+    W = (w if case.variant == "gemma" else 1.0 + w).to(w_dtype).to(device)
+    return {"X": X, "W": W, "eps": case.params["eps"], "gemma": case.variant == "gemma"}
+
+
+def _rms_norm_call(fn, a):
+    return (fn(a["X"], a["W"], a["eps"], a["gemma"]),)
+
+
+def _rms_norm_sweep(full: bool) -> list[Case]:
+    cols = (1, 7, 64, 129, 1000, 4096, 4097, 8191, 65536) if full else (1, 7, 129, 1000, 4097, 65536)
+    budget = 2**24 if full else 2**15
+    out = []
+    for variant in ("llama", "gemma"):
+        for dtype in C.FLOAT_DTYPES:
+            for n in cols:
+                rows = max(1, min(4096 if full else 24, budget // n))
+                for layout in ("contiguous", "transposed", "strided") if n in (129, 4097) else ("contiguous",):
+                    out.append(Case("rms_norm", variant, dtype, {"lead": [rows], "cols": n}, layout, "normal",
+                                    {"eps": 1e-6, "weight": "same"}, seed=len(out)))
+            out.append(Case("rms_norm", variant, dtype, {"lead": [2, 3], "cols": 255}, "offset", "zero_rows",
+                            {"eps": 1e-5, "weight": "float32"}, seed=len(out)))
+    return out
+
+
+def _rms_norm_errors(device) -> list[ErrorInput]:
+    def x(*shape, dtype=torch.float32):
+        return torch.randn(*shape, device=device).to(dtype)
+
+    def args(X, W, eps=1e-6):
+        return {"X": X, "W": W, "eps": eps, "gemma": False}
+
+    return [
+        ErrorInput("integer X", lambda d: args(torch.ones(2, 4, dtype=torch.int32, device=d), x(4)), TypeError, "X must be"),
+        ErrorInput("bf16 W with fp16 X", lambda d: args(x(2, 4, dtype=torch.float16), x(4, dtype=torch.bfloat16)),
+                   TypeError, "W must have X's dtype"),
+        ErrorInput("W length != n_cols", lambda d: args(x(2, 4), x(5)), ValueError, r"W must have shape \(n_cols,\)"),
+        ErrorInput("more than 65536 columns", lambda d: args(x(1, 65537), x(65537)), ValueError, "65536"),
+        ErrorInput("zero columns", lambda d: args(x(3, 0), x(0)), ValueError, "n_cols >= 1"),
+        ErrorInput("eps not a number", lambda d: args(x(2, 4), x(4), eps="1e-6"), TypeError, "eps"),
+        ErrorInput("tensors on different devices", lambda d: args(x(2, 4), torch.randn(4, device="meta")),
+                   ValueError, "one device"),
+    ]
+
+
+RMS_NORM = OpSpec(
+    name="rms_norm", variants=("llama", "gemma"),
+    summary="LlamaRMSNorm / GemmaRMSNorm over the last dim; Y, dX, dW",
+    arg_names=("X", "W", "eps", "gemma"), call=_rms_norm_call, outputs=("Y",), differentiable=("X", "W"),
+    reference=R.rms_norm, reference_reordered=R.rms_norm_reordered,
+    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.rms_norm_cases(budget, dtypes),
+    make_args=_rms_norm_args, layout_args=("X",), layout_of=_layout_last_two, sweep=_rms_norm_sweep,
+    gradcheck_case=Case("rms_norm", "llama", "float64", {"lead": [2, 3], "cols": 5}, "transposed", "normal",
+                        {"eps": 1e-6, "weight": "same"}, seed=1),
+    error_inputs=_rms_norm_errors,
+)
+
+
+# --- RoPE ---------------------------------------------------------------------------------------
+
+_ROPE_SCALING = {"default": {}, "linear": {"factor": 4.0},
+                 "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 16}}
+
+
+def packed_positions(batch: int, seq: int, gen: torch.Generator) -> torch.Tensor:
+    """Per row, positions restarting at 0 at random segment boundaries, different in every row."""
+    rows = []
+    for _ in range(batch):
+        n_cuts = int(torch.randint(0, max(1, seq // 2) + 1, (1,), generator=gen))
+        cuts = torch.randperm(max(1, seq - 1), generator=gen)[:n_cuts] + 1 if seq > 1 else torch.tensor([], dtype=torch.int64)
+        starts = torch.zeros(seq, dtype=torch.int64)
+        starts[cuts[cuts < seq]] = 1
+        segment = starts.cumsum(0)
+        index = torch.arange(seq)
+        first_of_segment = torch.zeros(int(segment.max()) + 1, dtype=torch.int64).scatter_reduce(
+            0, segment, index, reduce="amin", include_self=False)
+        rows.append(index - first_of_segment[segment])
+    return torch.stack(rows)
+
+
+def _rope_args(case: Case, device) -> dict:
+    d = case.dims
+    dtype = DTYPES[case.dtype]
+    Q = fill((d["batch"], d["heads"], d["seq"], d["head_dim"]), dtype, case.values, generator(case, "Q"), device)
+    K = fill((d["batch"], d["kv_heads"], d["seq"], d["head_dim"]), dtype, case.values, generator(case, "K"), device)
+    table_dtype = dtype if case.params.get("table") == "model" else torch.float32
+    rope_type = case.params.get("rope_type", "default")
+    cos, sin = R.rotary_table(d["max_pos"], d["head_dim"], case.params.get("theta", 10000.0), rope_type,
+                              dtype=table_dtype, **_ROPE_SCALING[rope_type])
+    positions = None
+    if case.variant == "packed":
+        positions = packed_positions(d["batch"], d["seq"], generator(case, "position_ids")).to(device)
+    return {"Q": Q, "K": K, "cos": cos.to(device), "sin": sin.to(device), "position_ids": positions}
+
+
+def _rope_call(fn, a):
+    return tuple(fn(a["Q"], a["K"], a["cos"], a["sin"], a["position_ids"]))
+
+
+def _rope_sweep(full: bool) -> list[Case]:
+    shapes = [(1, 4, 4, 8, 64), (2, 6, 2, 5, 80), (1, 5, 1, 6, 96), (2, 32, 8, 16, 128)] if not full else \
+        [(1, 4, 4, 64, 64), (2, 6, 2, 128, 80), (1, 5, 1, 256, 96), (4, 32, 8, 512, 128), (2, 12, 3, 300, 256)]
+    out = []
+    for variant in ("plain", "packed"):
+        for dtype in C.FLOAT_DTYPES:
+            for batch, heads, kv, seq, hd in shapes:
+                layout = "transposed" if hd == 80 else "contiguous"
+                out.append(Case("rope", variant, dtype, {"batch": batch, "heads": heads, "kv_heads": kv, "seq": seq,
+                                                         "head_dim": hd, "max_pos": seq + 16}, layout, "normal",
+                                {"theta": 10000.0, "rope_type": "default", "table": "float32"}, seed=len(out)))
+            out.append(Case("rope", variant, dtype, {"batch": 2, "heads": 8, "kv_heads": 2, "seq": 4, "head_dim": 128,
+                                                     "max_pos": 64}, "offset", "outliers",
+                            {"theta": 500000.0, "rope_type": "llama3", "table": "model"}, seed=len(out)))
+    return out
+
+
+def _rope_errors(device) -> list[ErrorInput]:
+    def args(q=(1, 4, 3, 8), k=(1, 2, 3, 8), table=(16, 8), positions=None, dtype=torch.float32):
+        return {"Q": torch.randn(q, device=device).to(dtype), "K": torch.randn(k, device=device).to(dtype),
+                "cos": torch.randn(table, device=device), "sin": torch.randn(table, device=device),
+                "position_ids": positions}
+
+    def mixed(d):
+        a = args()
+        a["K"] = a["K"].half()
+        return a
+
+    return [
+        ErrorInput("Q and K dtypes differ", mixed, TypeError, "dtypes must match"),
+        ErrorInput("integer Q", lambda d: {**args(), "Q": torch.ones(1, 4, 3, 8, dtype=torch.int64, device=d)},
+                   TypeError, "Q must be"),
+        ErrorInput("n_heads not a multiple of n_kv_heads", lambda d: args(q=(1, 5, 3, 8)), ValueError, "multiple"),
+        ErrorInput("head_dim mismatch with the table", lambda d: args(table=(16, 6)), ValueError, "cos and sin"),
+        ErrorInput("K's head_dim differs", lambda d: args(k=(1, 2, 3, 6)), ValueError, "must match Q"),
+        ErrorInput("odd head_dim", lambda d: args(q=(1, 4, 3, 7), k=(1, 2, 3, 7), table=(16, 7)), ValueError, "even"),
+        ErrorInput("3-D Q", lambda d: {**args(), "Q": torch.randn(4, 3, 8, device=d)}, ValueError, "4-D"),
+        ErrorInput("position beyond the table", lambda d: args(positions=torch.tensor([[0, 1, 16]], device=d)),
+                   ValueError, "outside the table"),
+        ErrorInput("negative position", lambda d: args(positions=torch.tensor([[0, -1, 2]], device=d)),
+                   ValueError, "outside the table"),
+        ErrorInput("position_ids of the wrong shape", lambda d: args(positions=torch.zeros(2, 3, dtype=torch.int64, device=d)),
+                   ValueError, r"\(batch, seq\)"),
+        ErrorInput("float position_ids", lambda d: args(positions=torch.zeros(1, 3, device=d)), TypeError, "integer"),
+        ErrorInput("seq longer than the table", lambda d: args(q=(1, 4, 20, 8), k=(1, 2, 20, 8)), ValueError, "exceeds"),
+        ErrorInput("leaf Q requiring grad", lambda d: {**args(), "Q": torch.randn(1, 4, 3, 8, device=d, requires_grad=True)},
+                   ValueError, "in place"),
+        ErrorInput("table on another device", lambda d: {**args(), "cos": torch.randn(16, 8, device="meta")},
+                   ValueError, "one device"),
+    ]
+
+
+ROPE = OpSpec(
+    name="rope", variants=("plain", "packed"),
+    summary="apply_rotary_pos_emb on Q and K, table rows per token (packed sequences); Q, K, dQ, dK",
+    arg_names=("Q", "K", "cos", "sin", "position_ids"), call=_rope_call, outputs=("Q_out", "K_out"),
+    differentiable=("Q", "K"), reference=R.rope, reference_reordered=R.rope_reordered,
+    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.rope_cases(budget, dtypes),
+    make_args=_rope_args, layout_args=("Q", "K"), layout_of=_layout_bshd, sweep=_rope_sweep, fusion=FUSE_HEADS,
+    gradcheck_case=Case("rope", "packed", "float64", {"batch": 2, "heads": 3, "kv_heads": 1, "seq": 3, "head_dim": 6,
+                                                      "max_pos": 8}, "transposed", "normal",
+                        {"theta": 10000.0, "rope_type": "default", "table": "float32"}, seed=1),
+    error_inputs=_rope_errors,
+)
+
+
+# --- SwiGLU and its raw kernels -----------------------------------------------------------------
+
+
+def _elementwise_args(names: tuple[str, ...]) -> Callable[[Case, torch.device], dict]:
+    def make(case: Case, device) -> dict:
+        dtype = DTYPES[case.dtype]
+        shape = tuple(case.dims["shape"])
+        # DW is an incoming gradient: plain normal values whatever the case's kind.
+        return {name: fill(shape, dtype, "normal" if name == "DW" else case.values, generator(case, name), device)
+                for name in names}
+
+    return make
+
+
+def _elementwise_sweep(op: str) -> Callable[[bool], list[Case]]:
+    def sweep(full: bool) -> list[Case]:
+        shapes = [[1, 1], [3, 1000], [2, 3, 1025], [64, 4097]] if not full else \
+            [[1, 1], [3, 1000], [2, 3, 1025], [1024, 4097], [16, 256, 1024], [4096, 14336]]
+        out = []
+        for dtype in C.FLOAT_DTYPES:
+            for shape in shapes:
+                layout = "transposed" if (op == "swiglu" and len(shape) == 2 and shape[0] > 1) else "contiguous"
+                out.append(Case(op, "default", dtype, {"shape": shape}, layout, "normal", {}, seed=len(out)))
+            out.append(Case(op, "default", dtype, {"shape": [4, 999]}, "contiguous", "large", {}, seed=len(out)))
+        return out
+
+    return sweep
+
+
+def _swiglu_errors(names: tuple[str, ...], raw: bool) -> Callable[[torch.device], list[ErrorInput]]:
+    def errors(device) -> list[ErrorInput]:
+        def args(shapes=None, dtypes=None):
+            shapes = shapes or {n: (3, 4) for n in names}
+            dtypes = dtypes or {}
+            return {n: torch.randn(shapes[n], device=device).to(dtypes.get(n, torch.float32)) for n in names}
+
+        out = [
+            ErrorInput("shapes differ", lambda d: args(shapes={**{n: (3, 4) for n in names}, "g": (3, 5)}),
+                       ValueError, "shapes must match"),
+            ErrorInput("dtypes differ", lambda d: args(dtypes={"g": torch.float16}), TypeError, "dtypes must match"),
+            ErrorInput("integer e", lambda d: {**args(), "e": torch.ones(3, 4, dtype=torch.int32, device=d)},
+                       TypeError, "e must be"),
+        ]
+        if raw:
+            out.append(ErrorInput("non-contiguous e", lambda d: {**args(), "e": torch.randn(4, 3, device=d).t()},
+                                  ValueError, "contiguous"))
+        return out
+
+    return errors
+
+
+SWIGLU = OpSpec(
+    name="swiglu", variants=("default",), summary="silu(e) * g as LlamaMLP computes it; h, de, dg",
+    arg_names=("e", "g"), call=lambda fn, a: (fn(a["e"], a["g"]),), outputs=("h",), differentiable=("e", "g"),
+    reference=R.swiglu, reference_reordered=R.swiglu_reordered,
+    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.swiglu_cases(budget, "swiglu", dtypes),
+    make_args=_elementwise_args(("e", "g")), layout_args=("e", "g"), layout_of=_layout_last_two,
+    sweep=_elementwise_sweep("swiglu"),
+    gradcheck_case=Case("swiglu", "default", "float64", {"shape": [3, 7]}, "transposed", "normal", {}, seed=1),
+    error_inputs=_swiglu_errors(("e", "g"), raw=False),
+)
+
+SWIGLU_FG = OpSpec(
+    name="swiglu_fg_kernel", variants=("default",), summary="raw SwiGLU forward: a new h = silu(e) * g",
+    arg_names=("e", "g"), call=lambda fn, a: (fn(a["e"], a["g"]),), outputs=("h",), differentiable=(),
+    reference=R.swiglu, reference_reordered=R.swiglu_reordered,
+    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.swiglu_cases(budget, "swiglu_fg_kernel", dtypes),
+    make_args=_elementwise_args(("e", "g")), layout_args=(), layout_of=_layout_last_two,
+    sweep=_elementwise_sweep("swiglu_fg_kernel"), error_inputs=_swiglu_errors(("e", "g"), raw=True),
+)
+
+SWIGLU_BACKWARD = OpSpec(
+    name="swiglu_DWf_DW_dfg_kernel", variants=("default",),
+    summary="raw LoRA-MLP backward: h, df, de written into DW, e, g",
+    arg_names=("DW", "e", "g"), call=lambda fn, a: tuple(fn(a["DW"], a["e"], a["g"])), outputs=("h", "df", "de"),
+    differentiable=(), reference=R.swiglu_lora_backward, reference_reordered=R.swiglu_lora_backward_reordered,
+    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.swiglu_cases(budget, "swiglu_DWf_DW_dfg_kernel", dtypes),
+    make_args=_elementwise_args(("DW", "e", "g")), layout_args=(), layout_of=_layout_last_two,
+    sweep=_elementwise_sweep("swiglu_DWf_DW_dfg_kernel"),
+    buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"},
+    error_inputs=_swiglu_errors(("DW", "e", "g"), raw=True),
+)
+
+SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (RMS_NORM, ROPE, SWIGLU, SWIGLU_FG, SWIGLU_BACKWARD)}
