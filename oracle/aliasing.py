@@ -4,7 +4,8 @@ poisoned allocations (5); here are the rest, each returning Findings that say wh
 and where:
 
 - ``sum-loss``       (2) ``op(x).sum()``: backward receives a stride-0 expanded gradient.
-- ``two-consumers``  (2) the output feeds two ops that saved it; their gradients must stay right.
+- ``shared-input``   (2) each input also feeds another op that saved it, whose backward runs after
+                         the op's: that consumer's gradient and the summed input gradient stay right.
 - ``retain-graph``       a second backward is bit-identical to the first, or raises.
 - ``views``          (3) the inputs are views into one fused buffer (QKV, gate/up); the bystander
                          block beside them (V) must stay untouched and the results right.
@@ -31,7 +32,7 @@ def _verdict_findings(check: str, spec: OpSpec, got: dict, prepared, names) -> l
     hf, truth, reordered = prepared.hf.tensors(), prepared.truth.tensors(), prepared.reordered.tensors()
     out = []
     for name in names:
-        v = judge(name, got[name], hf[name], truth[name], reordered.get(name))
+        v = judge(name, got[name], hf[name], truth[name], reordered.get(name), prepared.sum_noise.get(name, 0.0))
         if not v.passed:
             out.append(Finding(check, name, "forward" if name in spec.outputs else "backward",
                                f"wrong result: {v.reason}", v.worst.get("index"), v.worst.get("h"), v.worst.get("k")))
@@ -56,34 +57,36 @@ def sum_loss(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Fin
         _guard_findings("sum-loss", guards + allocations)
 
 
-def two_consumers(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
-    """``loss = sum(y * c1) + sum(y * c2)``: both products saved y; c1.grad and c2.grad must be y."""
-    weights = {}
-
-    def upstream(c: Case, name: str, out: torch.Tensor) -> torch.Tensor:
-        c1 = fill(tuple(out.shape), out.dtype, "normal", generator(c, "c1" + name), out.device)
-        c2 = fill(tuple(out.shape), out.dtype, "normal", generator(c, "c2" + name), out.device)
-        weights[name] = (c1, c2)
-        return c1 + c2  # what autograd accumulates for y, in y's dtype
-
-    prepared = prepare(spec, case, device, upstream_fn=upstream)
+def shared_input(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
+    """Each differentiable input also feeds another consumer built before the op, ``(x * c).sum()``,
+    which saved x for c's gradient. Its backward runs after the op's (autograd runs later nodes
+    first), so an op that scribbles on x during backward hands c a wrong gradient; and x's
+    gradient, summed over both consumers, must still be right."""
+    # Inputs the op may overwrite are check 6's business: saving them must make autograd raise.
+    shared = [n for n in spec.differentiable if n not in impl.clobbers(spec.name)]
+    if not shared:
+        return []
+    prepared = prepare(spec, case, device)
     guards: list[GuardedTensor] = []
     args, leaves = place(spec, case, prepared.args, device, guards)
     findings = []
     with torch.enable_grad():
+        # c = 0: c's gradient is x itself, and x's gradient is the op's dX plus exactly 0.
+        consumers = {n: torch.zeros_like(leaves[n]).requires_grad_() for n in shared}
+        x_bits = {n: bits(args[n]).clone() for n in spec.differentiable}
+        other = sum((args[n] * c).sum() for n, c in consumers.items())
         outs = dict(zip(spec.outputs, spec.call(impl.op(spec.name), args)))
-        y_bits = {n: bits(y).clone() for n, y in outs.items()}
-        leaves_c = {n: (c1.clone().requires_grad_(), c2.clone().requires_grad_()) for n, (c1, c2) in weights.items()}
-        loss = sum((outs[n] * c1).sum() + (outs[n] * c2).sum() for n, (c1, c2) in leaves_c.items())
-        loss.backward()
-    for name, (c1, c2) in leaves_c.items():
-        for label, c in (("c1", c1), ("c2", c2)):
-            if not torch.equal(bits(c.grad), y_bits[name]):
-                findings.append(Finding("two-consumers", f"{label} (consumer of {name})", "backward",
-                                        f"its gradient is not {name} as forward returned it: {name}'s memory changed "
-                                        "before the other consumer's backward read it"))
+        torch.autograd.backward([other] + [outs[n] for n in spec.outputs],
+                                [torch.ones((), dtype=other.dtype, device=device)]
+                                + [prepared.upstream[n] for n in spec.outputs])
+    for name, c in consumers.items():
+        if not torch.equal(bits(c.grad), x_bits[name]):
+            findings.append(Finding("shared-input", f"the other consumer of {name}", "backward",
+                                    f"its gradient is not {name}: {name} changed after forward, before that "
+                                    "consumer's backward read it"))
     got = {"d" + n: leaf.grad for n, leaf in leaves.items()}
-    return findings + _verdict_findings("two-consumers", spec, got, prepared, spec.grad_names())
+    return findings + _verdict_findings("shared-input", spec, got, prepared, spec.grad_names()) + \
+        _guard_findings("shared-input", guards)
 
 
 def retain_graph(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
@@ -173,7 +176,7 @@ def version_counter(spec: OpSpec, case: Case, impl: Implementation, device) -> l
 CHECKS: dict[str, tuple[Callable, Callable[[OpSpec], bool]]] = {
     # name: (check, applies to the spec?)
     "sum-loss": (sum_loss, lambda spec: bool(spec.differentiable)),
-    "two-consumers": (two_consumers, lambda spec: bool(spec.differentiable)),
+    "shared-input": (shared_input, lambda spec: bool(spec.differentiable)),
     "retain-graph": (retain_graph, lambda spec: bool(spec.differentiable)),
     "views": (fused_views, lambda spec: spec.fusion is not None and bool(spec.layout_args)),
     "version-counter": (version_counter, lambda spec: True),

@@ -22,6 +22,20 @@ MAX_COLUMNS = 65536
 
 
 @dataclass(frozen=True)
+class Budget:
+    """How big drawn cases may get: elements per tensor, and programs (rows, tokens) per launch.
+    Under the interpreter every program is a Python-level loop iteration, so rows cost far more
+    than columns; on a GPU both are cheap."""
+
+    elements: int
+    programs: int
+
+
+CPU_BUDGET = Budget(elements=2**17, programs=48)
+GPU_BUDGET = Budget(elements=2**22, programs=2**14)
+
+
+@dataclass(frozen=True)
 class Case:
     op: str  # spec name = the implementation's attribute (rms_norm, rope, swiglu, ...)
     variant: str  # rms_norm: llama | gemma; rope: plain | packed; others: default
@@ -106,10 +120,10 @@ def seeds() -> st.SearchStrategy[int]:
 
 
 @st.composite
-def rms_norm_cases(draw, budget: int, dtypes=FLOAT_DTYPES) -> Case:
-    """RMSNorm cases with at most ``budget`` elements in X."""
-    cols = draw(n_cols(min(MAX_COLUMNS, budget)))
-    lead = draw(leading_dims(max(1, budget // cols)))
+def rms_norm_cases(draw, budget: Budget, dtypes=FLOAT_DTYPES) -> Case:
+    """RMSNorm cases within the budget (rows are programs)."""
+    cols = draw(n_cols(min(MAX_COLUMNS, budget.elements)))
+    lead = draw(leading_dims(min(budget.programs, max(1, budget.elements // cols))))
     return Case(
         op="rms_norm", variant=draw(st.sampled_from(("llama", "gemma"))), dtype=draw(st.sampled_from(dtypes)),
         dims={"lead": lead, "cols": cols}, layout=draw(layouts()), values=draw(value_kinds()),
@@ -119,13 +133,16 @@ def rms_norm_cases(draw, budget: int, dtypes=FLOAT_DTYPES) -> Case:
 
 
 @st.composite
-def rope_cases(draw, budget: int, dtypes=FLOAT_DTYPES, max_tokens: int = 16) -> Case:
-    """RoPE cases: GQA ratios, n_heads not a multiple of 4, head_dim 80/96, packed positions."""
+def rope_cases(draw, budget: Budget, dtypes=FLOAT_DTYPES) -> Case:
+    """RoPE cases: GQA ratios, n_heads not a multiple of 4, head_dim 80/96, packed positions.
+    Programs are tokens x groups of 4 heads."""
     head_dim = draw(st.sampled_from((2, 8, 16, 64, 80, 96, 128, 6, 10, 256)))
     kv_heads = draw(st.integers(1, 4))
     n_heads = kv_heads * draw(st.sampled_from((1, 2, 3, 4, 5, 8)))
     batch = draw(st.integers(1, 3))
-    seq = draw(st.integers(1, max(1, min(max_tokens // batch, budget // (batch * n_heads * head_dim) or 1))))
+    groups = -(-n_heads // 4)
+    room = min(budget.programs // (batch * groups), budget.elements // (batch * n_heads * head_dim))
+    seq = draw(st.integers(1, max(1, room)))
     variant = draw(st.sampled_from(("plain", "packed")))
     return Case(
         op="rope", variant=variant, dtype=draw(st.sampled_from(dtypes)),
@@ -140,10 +157,10 @@ def rope_cases(draw, budget: int, dtypes=FLOAT_DTYPES, max_tokens: int = 16) -> 
 
 
 @st.composite
-def swiglu_cases(draw, budget: int, op: str = "swiglu", dtypes=FLOAT_DTYPES) -> Case:
+def swiglu_cases(draw, budget: Budget, op: str = "swiglu", dtypes=FLOAT_DTYPES) -> Case:
     """Element-wise cases, 2-D or 3-D, element counts around the 1024-element block."""
-    total = draw(st.one_of(st.sampled_from((1, 3, 1023, 1024, 1025, 4097)), st.integers(1, budget)))
-    total = min(total, budget)
+    limit = min(budget.elements, budget.programs * 1024)
+    total = min(limit, draw(st.one_of(st.sampled_from((1, 3, 1023, 1024, 1025, 4097)), st.integers(1, limit))))
     rank = draw(st.sampled_from((2, 3)))
     cols = draw(st.integers(1, total))
     rows = max(1, total // cols)

@@ -35,3 +35,12 @@ def default_device() -> torch.device:
     index = gpu_for_worker(worker_index(), torch.cuda.device_count())
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def case_budget():
+    """How big hypothesis may draw cases here: small under the interpreter, larger on a GPU."""
+    from kernels import _runtime
+
+    from .cases import CPU_BUDGET, GPU_BUDGET
+
+    return CPU_BUDGET if _runtime.interpreted() or not torch.cuda.is_available() else GPU_BUDGET

@@ -18,16 +18,25 @@ import functools
 import shlex
 import time
 import traceback
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from . import reference as R
 from .cases import Case
-from .compare import TensorVerdict, judge
+from .compare import TensorVerdict, judge, summation_noise
 from .impls import Implementation
 from .memory import CONTIGUOUS, GuardedTensor, Snapshot, bits, rehomed_allocations
 from .specs import SPECS, OpSpec, upstream_gradient
+
+
+# Cases run in this process, by (op, dtype): the test session prints them at the end.
+CASES_RUN: Counter = Counter()
+# Called with (case, impl name) before a case runs and (None, None) after, so that a crash that
+# kills the process can still be traced to its case (conftest.py records it for xdist).
+INFLIGHT_HOOKS: list[Callable] = []
 
 
 @dataclass(frozen=True)
@@ -87,8 +96,10 @@ class CaseResult:
         return "\n".join(lines)
 
 
-def repro_command(case: Case, impl: str) -> str:
-    return f"python -m oracle.repro --impl {shlex.quote(impl)} {shlex.quote(case.to_json())}"
+def repro_command(case: Case, impl: str, check: str | None = None) -> str:
+    """The one command that reruns exactly this case (and, given, one aliasing check of it)."""
+    check_flag = f" --check {check}" if check else ""
+    return f"python -m oracle.repro --impl {shlex.quote(impl)}{check_flag} {shlex.quote(case.to_json())}"
 
 
 # --- references ---------------------------------------------------------------------------------
@@ -129,6 +140,7 @@ class Prepared:
     hf: Evaluation
     truth: Evaluation
     reordered: Evaluation
+    sum_noise: dict[str, float]  # compare.summation_noise per summed tensor
 
 
 def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient) -> Prepared:
@@ -140,7 +152,9 @@ def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient) -> 
     truth = evaluate(spec, spec.reference, {k: R.upcast(v) for k, v in args.items()},
                      {k: R.upcast(v) for k, v in upstream.items()}, compute=torch.float64)
     reordered = evaluate(spec, spec.reference_reordered, args, upstream, compute=torch.float32)
-    return Prepared(args, upstream, hf, truth, reordered)
+    accumulator = torch.float64 if case.dtype == "float64" else torch.float32
+    sum_noise = {name: summation_noise(*terms(args, upstream), accumulator) for name, terms in spec.summed.items()}
+    return Prepared(args, upstream, hf, truth, reordered, sum_noise)
 
 
 # --- the implementation -------------------------------------------------------------------------
@@ -153,10 +167,13 @@ class ImplRun:
     findings: list[Finding]
 
 
-def place(spec: OpSpec, case: Case, args: dict, device, guards: list, layout: str | None = None) -> tuple[dict, dict]:
+def place(spec: OpSpec, case: Case, args: dict, device, guards: list, layout: str | None = None,
+          sources: dict | None = None) -> tuple[dict, dict]:
     """Guarded copies of the arguments (the layout args in the case's layout), and the leaves their
-    differentiable ones are copied from: gradients arrive on the leaves, layout-independent."""
+    differentiable ones are copied from: gradients arrive on the leaves, layout-independent.
+    ``sources`` gives tensors to copy from (and differentiate into) instead of fresh leaves."""
     placed, leaves = {}, {}
+    sources = sources or {}
     for name, value in args.items():
         if not isinstance(value, torch.Tensor):
             placed[name] = value
@@ -165,7 +182,7 @@ def place(spec: OpSpec, case: Case, args: dict, device, guards: list, layout: st
         home = GuardedTensor(value.shape, value.dtype, device, where, label=name)
         guards.append(home)
         if name in spec.differentiable:
-            leaves[name] = value.detach().clone().requires_grad_()
+            leaves[name] = sources[name] if name in sources else value.detach().clone().requires_grad_()
             with torch.enable_grad():
                 placed[name] = home.tensor.copy_(leaves[name])  # differentiable: the view joins the graph
         else:
@@ -181,6 +198,10 @@ def run_impl(spec: OpSpec, case: Case, impl: Implementation, prepared: Prepared,
     args, leaves = place(spec, case, prepared.args, device, guards)
     watched = Snapshot({n: t for n, t in args.items() if isinstance(t, torch.Tensor) and n not in clobbers})
 
+    # The residual branch is built before the op so that its backward runs after the op's (autograd
+    # runs later-created nodes first): it then consumes the shared gradient after the op has had
+    # every chance to corrupt it, as a residual stream's earlier layers do.
+    residuals = _residual_branches(spec, prepared, device) if spec.differentiable else {}
     with torch.enable_grad(), rehomed_allocations() as allocations:
         outs = spec.call(fn, args)
     if len(outs) != len(spec.outputs):
@@ -192,7 +213,7 @@ def run_impl(spec: OpSpec, case: Case, impl: Implementation, prepared: Prepared,
 
     grads = {}
     if spec.differentiable:
-        grads, backward_findings = _backward(spec, case, outputs, leaves, prepared, device, guards, allocations)
+        grads, backward_findings = _backward(spec, outputs, residuals, leaves, prepared, device, guards, allocations)
         findings += backward_findings
         findings += _changed(watched, "snapshot", "backward", "changed during backward but is not declared in CLOBBERS")
 
@@ -208,23 +229,31 @@ def run_impl(spec: OpSpec, case: Case, impl: Implementation, prepared: Prepared,
     return ImplRun({n: t.detach() for n, t in outputs.items()}, grads, findings)
 
 
-def _backward(spec, case, outputs, leaves, prepared, device, guards, allocations):
-    """Backward through ``z = r + y`` per output, checking the shared incoming gradient stays intact."""
+def _residual_branches(spec: OpSpec, prepared: Prepared, device) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per output, a leaf r and the non-leaf branch a = r * 1 that the output is added to."""
+    branches = {}
+    for name, like in prepared.hf.outputs.items():
+        leaf = torch.zeros(like.shape, dtype=like.dtype, device=device, requires_grad=True)
+        with torch.enable_grad():
+            branches[name] = (leaf, leaf * 1)
+    return branches
+
+
+def _backward(spec, outputs, residuals, leaves, prepared, device, guards, allocations):
+    """Backward through ``z = a + y`` per output: the op and the residual branch a share one
+    incoming gradient, which must stay intact for a."""
     findings = []
-    upstream, residuals, captured = {}, {}, []
+    upstream, captured = {}, []
     for name, out in outputs.items():
+        if not out.requires_grad:
+            raise TypeError(f"{spec.name}'s output {name} does not require grad; autograd cannot reach the inputs")
         home = GuardedTensor(out.shape, out.dtype, device, label="d" + name)
         guards.append(home)
         upstream[name] = home.tensor.copy_(prepared.upstream[name])
-        residuals[name] = torch.zeros(out.shape, dtype=out.dtype, device=device, requires_grad=True)
-        if out.requires_grad:
-            out.register_hook(lambda g, n=name: captured.append((n, g, bits(g).clone())))
+        out.register_hook(lambda g, n=name: captured.append((n, g, bits(g).clone())))
     incoming = Snapshot({"d" + n: t for n, t in upstream.items()})
     with torch.enable_grad():
-        for name, out in outputs.items():
-            if not out.requires_grad:
-                raise TypeError(f"{spec.name}'s output {name} does not require grad; autograd cannot reach the inputs")
-        z = [residuals[n] + outputs[n] for n in outputs]
+        z = [residuals[n][1] + outputs[n] for n in outputs]
         with rehomed_allocations() as more:
             torch.autograd.backward(z, [upstream[n] for n in outputs])
         allocations.extend(more)
@@ -233,8 +262,8 @@ def _backward(spec, case, outputs, leaves, prepared, device, guards, allocations
         if not torch.equal(bits(grad), before):
             findings.append(Finding("incoming-gradient", "d" + name, "backward",
                                     "the gradient tensor autograd passed in was modified"))
-    for name, r in residuals.items():
-        if r.grad is None or not torch.equal(bits(r.grad), bits(prepared.upstream[name])):
+    for name, (leaf, _) in residuals.items():
+        if leaf.grad is None or not torch.equal(bits(leaf.grad), bits(prepared.upstream[name])):
             findings.append(Finding("incoming-gradient", f"residual branch of {name}", "backward",
                                     "the other branch sharing the gradient received a corrupted gradient"))
     grads = {"d" + n: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)) for n, leaf in leaves.items()}
@@ -266,7 +295,7 @@ def judge_all(spec: OpSpec, prepared: Prepared, run: ImplRun) -> tuple[list[Tens
     verdicts, findings = [], []
     for name in spec.compared():
         k, h = got[name], hf[name]
-        verdicts.append(judge(name, k, h, truth[name], reordered.get(name)))
+        verdicts.append(judge(name, k, h, truth[name], reordered.get(name), prepared.sum_noise.get(name, 0.0)))
         unwritten = int((k.isnan() & ~h.to(k.device).isnan()).sum()) if k.shape == h.shape else 0
         if unwritten:
             findings.append(Finding("unwritten", name, "forward" if name in spec.outputs else "backward",
@@ -283,6 +312,8 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
         result.status = "skipped"
         result.error = f"{impl.name} has no {spec.name}"
         return result
+    for hook in INFLIGHT_HOOKS:
+        hook(case, impl.name)
     try:
         prepared = prepare(spec, case, device)
         run = run_impl(spec, case, impl, prepared, device)
@@ -293,5 +324,8 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
     except Exception:  # noqa: BLE001 - any exception is a result to report, with its traceback
         result.status = "error"
         result.error = traceback.format_exc(limit=-6)
+    for hook in INFLIGHT_HOOKS:
+        hook(None, None)
+    CASES_RUN[(case.op, case.dtype)] += 1
     result.seconds = time.perf_counter() - start
     return result

@@ -1,7 +1,8 @@
-"""``python -m oracle.repro [--impl NAME] '<case json>'``: rerun exactly one case and explain it.
+"""``python -m oracle.repro [--impl NAME] [--check CHECK] '<case json>'``: rerun exactly one case.
 
-Every failure the tests or the report print ends with this command. Exit status: 0 pass,
-1 fail/error, 2 bad usage.
+Every failure the tests or the report print ends with this command. Without ``--check`` it runs
+the differential comparison (with the aliasing checks that come with it); with it, one of the
+graph checks of oracle/aliasing.py. Exit status: 0 pass, 1 fail/error, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import aliasing
 from .cases import Case
 from .devices import default_device
 from .engine import run_case
@@ -21,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("case", help="the case as printed by a failure (JSON)")
     parser.add_argument("--impl", default="kernels", help="kernels, hf, compile, liger or package.module:attr")
     parser.add_argument("--device", default=None, help="torch device (default: the kernels' device)")
+    parser.add_argument("--check", default=None, choices=sorted(aliasing.CHECKS), help="run one aliasing check")
     args = parser.parse_args(argv)
     try:
         case = Case.from_json(args.case)
@@ -30,7 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ImplementationUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    result = run_case(case.op, case, impl, args.device or default_device())
+    device = args.device or default_device()
+    if args.check:
+        findings = aliasing.run_check(args.check, SPECS[case.op], case, impl, device)
+        print(f"{'FAIL' if findings else 'PASS'}: {args.check} on {case.summary()}  [impl {impl.name}]")
+        for finding in findings:
+            print("  " + finding.describe())
+        return 1 if findings else 0
+    result = run_case(case.op, case, impl, device)
     print(result.explain())
     return 0 if result.passed else 1
 

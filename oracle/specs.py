@@ -67,6 +67,10 @@ class OpSpec:
     buffers_hold_outputs: dict[str, str] = field(default_factory=dict)  # output -> argument whose buffer holds it
     fusion: Fusion | None = FUSE_LAST_DIM  # how the layout args share one storage in real models
     error_inputs: Callable[[torch.device], list[ErrorInput]] = lambda device: []
+    regressions: tuple[Case, ...] = ()  # cases that once failed, pinned as @example in the generic tests
+    # Compared tensors that are sums over many terms (compare.summation_noise): name ->
+    # (float64 args, float64 upstream) -> (sum of |terms| per element, number of terms)
+    summed: dict[str, Callable[[dict, dict], tuple[torch.Tensor, int]]] = field(default_factory=dict)
 
     def grad_names(self) -> tuple[str, ...]:
         return tuple("d" + name for name in self.differentiable)
@@ -149,6 +153,14 @@ def _rms_norm_args(case: Case, device) -> dict:
     return {"X": X, "W": W, "eps": case.params["eps"], "gemma": case.variant == "gemma"}
 
 
+def _rms_norm_dW_terms(args: dict, upstream: dict) -> tuple[torch.Tensor, int]:
+    """dW_j = sum over rows of dY_rj * normed_rj: sum of |terms| per column, and the row count."""
+    x = args["X"].to(torch.float64)
+    inv_var = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + args["eps"])
+    terms = (upstream["Y"].to(torch.float64) * x * inv_var).abs().reshape(-1, x.shape[-1])
+    return terms.sum(0), terms.shape[0]
+
+
 def _rms_norm_call(fn, a):
     return (fn(a["X"], a["W"], a["eps"], a["gemma"]),)
 
@@ -199,6 +211,17 @@ RMS_NORM = OpSpec(
     gradcheck_case=Case("rms_norm", "llama", "float64", {"lead": [2, 3], "cols": 5}, "transposed", "normal",
                         {"eps": 1e-6, "weight": "same"}, seed=1),
     error_inputs=_rms_norm_errors,
+    summed={"dW": _rms_norm_dW_terms},
+    regressions=(
+        # One column: dX ~ eps/x^2 is a small difference of O(1) terms; HF's autograd order happened
+        # to be 13x more accurate than the closed form here. The verdict's floor must cover it.
+        Case("rms_norm", "llama", "float32", {"lead": [1], "cols": 1}, "contiguous", "normal",
+             {"eps": 1e-06, "weight": "same"}, seed=0),
+        # One column again: dW is a single sum over 22 rows of +-1-sized terms; HF's order got it to
+        # 1e-7, ours 4e-7. A maximum over one element is one draw of the noise (summation_noise).
+        Case("rms_norm", "gemma", "bfloat16", {"lead": [22], "cols": 1}, "contiguous", "normal",
+             {"eps": 1e-06, "weight": "float32"}, seed=0),
+    ),
 )
 
 

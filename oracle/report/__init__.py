@@ -1,0 +1,1 @@
+"""The drift dashboard and the regression gate (``python -m oracle.report``)."""
