@@ -1,0 +1,66 @@
+"""Where the kernels run, and the interpreter's bf16 correction (design.md §5, kernels/_runtime.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kernels
+from kernels import _runtime
+from oracle import reference as R
+
+interpreter_only = pytest.mark.skipif(not _runtime.interpreted(), reason="the interpreter's casts only matter on CPU")
+
+
+@interpreter_only
+def test_bf16_casts_are_corrected_and_the_correction_is_needed():
+    assert _runtime.ensure_faithful_bf16() in ("corrected", "faithful")
+    assert _runtime.probe_bf16_casts() == {"fp32_to_bf16": 0.0, "bf16_to_fp64": 0.0}
+    with _runtime.uncorrected_bf16_casts():
+        raw = _runtime.probe_bf16_casts()
+    if _runtime.ensure_faithful_bf16() == "faithful":
+        pytest.skip(f"triton {_runtime.triton.__version__}'s interpreter already rounds bf16 correctly")
+    # triton 3.9 truncates about half of all fp32 -> bf16 casts and garbles bf16 -> fp64 ones.
+    assert raw["fp32_to_bf16"] > 0.3 and raw["bf16_to_fp64"] > 0.3
+
+
+@interpreter_only
+def test_kernel_bf16_results_match_round_to_nearest_even_only_with_the_correction():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 256, generator=gen).bfloat16()
+    w = (1 + 0.1 * torch.randn(256, generator=gen)).bfloat16()
+    expected = R.gemma_rms_norm(x, w, 1e-6)  # one fp32 -> bf16 rounding per element, as the kernel does
+    assert torch.equal(kernels.rms_norm(x, w, 1e-6, gemma=True).view(torch.int16), expected.view(torch.int16))
+    if _runtime.ensure_faithful_bf16() == "corrected":
+        with _runtime.uncorrected_bf16_casts():
+            truncated = kernels.rms_norm(x, w, 1e-6, gemma=True)
+        assert (truncated.view(torch.int16) != expected.view(torch.int16)).float().mean() > 0.2
+
+
+def test_runtime_summary_names_backend_and_versions():
+    summary = _runtime.runtime_summary()
+    assert summary["backend"] == ("triton-interpreter" if _runtime.interpreted() else "cuda")
+    assert summary["triton"] and summary["torch"] and summary["bf16_casts"] in ("native", "faithful", "corrected")
+
+
+def _import_kernels_with(env: dict) -> str:
+    code = "import os, kernels; print(os.environ.get('TRITON_INTERPRET'), kernels._runtime.interpreted())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return proc.stdout.strip()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cpu_machine_picks_the_interpreter_without_being_told():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    assert _import_kernels_with(env) == "1 True"
+
+
+def test_an_explicit_choice_is_respected():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    assert _import_kernels_with(env) == "1 True"
+    if torch.cuda.is_available():
+        assert _import_kernels_with({**os.environ, "TRITON_INTERPRET": "0"}) == "0 False"
