@@ -130,9 +130,14 @@ def _launch(Q_in, Q_out, K_in, K_out, cos, sin, position_ids, backward: bool) ->
             seq, n_heads, n_kv_heads, half,
             HAS_POSITIONS=has_positions, BACKWARD_PASS=backward,
             COMPUTE=_TL[_checks.compute_dtype(Q_out)], GROUP_SIZE=GROUP_SIZE, BLOCK_HALF=block_half,
-            num_warps=max(1, min(8, GROUP_SIZE * block_half // 256)),
+            num_warps=rope_warps(block_half),
             enable_fp_fusion=False,  # a fused multiply-add would skip one of HF's roundings
         )
+
+
+def rope_warps(block_half: int) -> int:
+    """Warps per program: one per 256 elements of the GROUP_SIZE x half-head block, 1 to 8."""
+    return max(1, min(8, GROUP_SIZE * block_half // 256))
 
 
 class RotatedInPlace(torch.autograd.Function):

@@ -1,0 +1,384 @@
+"""``python -m oracle.bench``: the kernels against HF eager, torch.compile and Liger-Kernel, in one process.
+
+GPU only. For each op (Llama-3-8B shapes, bf16 and fp16) and each implementation: forward, and
+forward+backward, timed with ``triton.testing.do_bench`` (median) on fresh random data larger
+than L2; the achieved bandwidth (the bytes the op must move, each counted once, over the time)
+against a device-to-device copy measured in the same run; and the peak memory of forward+backward
+(``max_memory_allocated`` after a reset, above what was allocated before). Every competitor runs
+in this process, so the ratios hold on a noisy machine even where the absolute times drift.
+
+Note [How fwd+bwd is measured]
+    Outputs stay alive through backward (a real next layer holds them), and gradients are taken
+    with ``torch.autograd.grad`` so nothing accumulates between repetitions. RoPE rotates Q and K
+    in place, which autograd allows only on non-leaf tensors, as in a model where Q and K come out
+    of a projection. So every implementation's RoPE inputs are made by one ``clone()`` of leaf
+    tensors inside the timed region; that clone's own time and memory, measured in the same run,
+    are subtracted from every RoPE fwd+bwd figure. Peers get cos/sin already gathered per token,
+    as HF's rotary embedding computes them once per model forward; the kernels read the table.
+
+``--gate`` compares each op's time ratio to torch.compile (measured in this same run) with the
+committed benchmark and exits 1 when one got worse by more than 10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import reference as R
+from .environment import environment, write_json_atomic
+
+SCHEMA = "kernel-oracle/bench/1"
+GATE_MARGIN = 0.10  # a ratio to torch.compile may grow by 10% before the gate fails
+DEFAULT_BASELINE = Path("reports/bench-h200.json")
+
+
+@dataclass
+class Timing:
+    op: str
+    variant: str
+    dtype: str
+    impl: str
+    fwd_ms: float | None = None
+    fwd_bwd_ms: float | None = None
+    fwd_bytes: int = 0
+    fwd_bwd_bytes: int = 0
+    peak_mb: float | None = None
+    note: str = ""
+
+    def fwd_tbps(self) -> float | None:
+        return self.fwd_bytes / (self.fwd_ms * 1e-3) / 1e12 if self.fwd_ms else None
+
+    def fwd_bwd_tbps(self) -> float | None:
+        return self.fwd_bwd_bytes / (self.fwd_bwd_ms * 1e-3) / 1e12 if self.fwd_bwd_ms else None
+
+
+@dataclass
+class Workload:
+    """One op at one shape: inputs, and per implementation a forward and a forward+backward."""
+
+    op: str
+    variant: str
+    dtype: torch.dtype
+    fwd_bytes: int
+    fwd_bwd_bytes: int
+    forward: dict[str, Callable[[], object]] = field(default_factory=dict)
+    forward_backward: dict[str, Callable[[], object]] = field(default_factory=dict)
+    producer: Callable[[], object] | None = None  # what every fwd+bwd also runs (RoPE's clone)
+    producer_bytes: int = 0  # memory the producer allocates, subtracted from peaks
+
+
+# --- implementations ------------------------------------------------------------------------------
+
+
+def implementations(include_liger: bool = True) -> dict[str, dict[str, Callable]]:
+    """impl -> op -> callable with the contract's signature (rope: pre-gathered rows for peers)."""
+    import kernels
+
+    compiled = {name: torch.compile(fn) for name, fn in
+                (("rms_norm", R.rms_norm), ("rope_rows", R.apply_rotary_pos_emb), ("swiglu", R.swiglu))}
+    impls = {
+        "kernels": {"rms_norm": kernels.rms_norm, "rope": kernels.rope, "swiglu": kernels.swiglu},
+        "eager": {"rms_norm": R.rms_norm, "rope_rows": R.apply_rotary_pos_emb, "swiglu": R.swiglu},
+        "compile": {"rms_norm": compiled["rms_norm"], "rope_rows": compiled["rope_rows"], "swiglu": compiled["swiglu"]},
+    }
+    if include_liger:
+        try:
+            from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+            from liger_kernel.ops.rope import LigerRopeFunction
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+        except ImportError:
+            pass
+        else:
+            impls["liger"] = {
+                "rms_norm": lambda X, W, eps, gemma=False: LigerRMSNormFunction.apply(
+                    X, W, eps, 1.0 if gemma else 0.0, "gemma" if gemma else "llama", True),
+                "rope_rows": lambda q, k, cos, sin: LigerRopeFunction.apply(q, k, cos, sin),
+                "swiglu": lambda e, g: LigerSiLUMulFunction.apply(e, g),
+            }
+    return impls
+
+
+# --- workloads ----------------------------------------------------------------------------------
+
+
+def _randn(*shape, dtype, requires_grad=False):
+    return torch.randn(*shape, device="cuda", dtype=dtype).requires_grad_(requires_grad)
+
+
+def rms_norm_workload(impls, dtype, rows=16384, cols=4096, variant="llama") -> Workload:
+    X = _randn(rows, cols, dtype=dtype, requires_grad=True)
+    W = (1 + 0.1 * torch.randn(cols, device="cuda")).to(dtype).requires_grad_()
+    dY = _randn(rows, cols, dtype=dtype)
+    x_bytes = X.numel() * X.element_size()
+    work = Workload("rms_norm", variant, dtype, fwd_bytes=2 * x_bytes, fwd_bwd_bytes=5 * x_bytes)
+    gemma = variant == "gemma"
+    for name, ops in impls.items():
+        fn = ops["rms_norm"]
+        work.forward[name] = lambda fn=fn: fn(X, W, 1e-6, gemma)
+
+        def fwd_bwd(fn=fn):
+            Y = fn(X, W, 1e-6, gemma)
+            return torch.autograd.grad(Y, (X, W), dY)
+
+        work.forward_backward[name] = fwd_bwd
+    if "kernels" in impls:
+        import kernels
+
+        def in_place(dY_own=dY.clone()):
+            Y = kernels.rms_norm(X, W, 1e-6, gemma, write_dx_into_dy=True)
+            return torch.autograd.grad(Y, (X, W), dY_own)  # the caller owns dY_own: the opt-in's premise
+
+        work.forward_backward["kernels (dX into dY)"] = in_place
+    return work
+
+
+def rope_workload(impls, dtype, packed: bool, batch=4, heads=32, kv_heads=8, seq=4096, head_dim=128) -> Workload:
+    Q0 = _randn(batch, heads, seq, head_dim, dtype=dtype, requires_grad=True)
+    K0 = _randn(batch, kv_heads, seq, head_dim, dtype=dtype, requires_grad=True)
+    cos_table, sin_table = R.rotary_table(seq, head_dim, 500000.0, device="cuda")
+    if packed:
+        from .specs import packed_positions
+
+        positions = packed_positions(batch, seq, torch.Generator().manual_seed(0)).cuda()
+    else:
+        positions = None
+    rows = positions if positions is not None else torch.arange(seq, device="cuda").expand(batch, -1)
+    cos_rows, sin_rows = cos_table[rows].to(dtype), sin_table[rows].to(dtype)  # HF computes these once per model step
+    dQ, dK = torch.randn_like(Q0), torch.randn_like(K0)
+    qk_bytes = (Q0.numel() + K0.numel()) * Q0.element_size()
+    work = Workload("rope", "packed" if packed else "plain", dtype, fwd_bytes=2 * qk_bytes, fwd_bwd_bytes=4 * qk_bytes,
+                    producer=lambda: (Q0.clone(), K0.clone()), producer_bytes=qk_bytes)
+    for name, ops in impls.items():
+        if name == "kernels":
+            def call(Q, K, fn=ops["rope"]):
+                return fn(Q, K, cos_table, sin_table, positions)
+        else:
+            def call(Q, K, fn=ops["rope_rows"]):
+                return fn(Q, K, cos_rows, sin_rows)
+        fresh = (Q0.detach().clone(), K0.detach().clone())
+        work.forward[name] = lambda call=call, fresh=fresh: call(*fresh)  # kernels: rotates fresh in place, fine
+
+        def fwd_bwd(call=call):
+            Q, K = Q0.clone(), K0.clone()
+            outs = call(Q, K)
+            return torch.autograd.grad(outs, (Q0, K0), (dQ, dK))
+
+        work.forward_backward[name] = fwd_bwd
+    return work
+
+
+def swiglu_workload(impls, dtype, rows=16384, cols=14336) -> Workload:
+    e = _randn(rows, cols, dtype=dtype, requires_grad=True)
+    g = _randn(rows, cols, dtype=dtype, requires_grad=True)
+    dh = _randn(rows, cols, dtype=dtype)
+    e_bytes = e.numel() * e.element_size()
+    work = Workload("swiglu", "default", dtype, fwd_bytes=3 * e_bytes, fwd_bwd_bytes=8 * e_bytes)
+    for name, ops in impls.items():
+        fn = ops["swiglu"]
+        work.forward[name] = lambda fn=fn: fn(e, g)
+
+        def fwd_bwd(fn=fn):
+            h = fn(e, g)
+            return torch.autograd.grad(h, (e, g), dh)
+
+        work.forward_backward[name] = fwd_bwd
+    return work
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+def median_ms(fn: Callable) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def peak_mb(fn: Callable) -> float:
+    """Peak memory of one call above what was allocated before it, in MiB."""
+    fn()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def copy_bandwidth_tbps(n_bytes: int = 2**31) -> float:
+    src = torch.randint(0, 255, (n_bytes,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * n_bytes / (median_ms(lambda: dst.copy_(src)) * 1e-3) / 1e12
+
+
+def measure(work: Workload) -> list[Timing]:
+    producer_ms = median_ms(work.producer) if work.producer else 0.0
+    out = []
+    for impl in dict.fromkeys([*work.forward, *work.forward_backward]):
+        t = Timing(work.op, work.variant, str(work.dtype).removeprefix("torch."), impl,
+                   fwd_bytes=work.fwd_bytes, fwd_bwd_bytes=work.fwd_bwd_bytes)
+        try:
+            if impl in work.forward:
+                t.fwd_ms = median_ms(work.forward[impl])
+            if impl in work.forward_backward:
+                t.fwd_bwd_ms = median_ms(work.forward_backward[impl]) - producer_ms
+                t.peak_mb = peak_mb(work.forward_backward[impl]) - work.producer_bytes / 2**20
+        except Exception as exc:  # noqa: BLE001 - one competitor failing must not lose the others
+            t.note = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
+        out.append(t)
+    torch.cuda.empty_cache()
+    return out
+
+
+def column_sweep(impls, dtype=torch.bfloat16, columns=(256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536),
+                 elements=2**26) -> list[Timing]:
+    """RMSNorm across column counts at a fixed 64 Mi elements (128 MiB in bf16)."""
+    subset = {name: ops for name, ops in impls.items() if name in ("kernels", "compile", "liger")}
+    out = []
+    for cols in columns:
+        work = rms_norm_workload(subset, dtype, rows=elements // cols, cols=cols)
+        work.forward_backward.pop("kernels (dX into dY)", None)
+        for t in measure(work):
+            t.variant = f"llama, {cols} cols"
+            out.append(t)
+    return out
+
+
+# --- targets and the gate -----------------------------------------------------------------------
+
+
+def targets(timings: list[Timing], copy_tbps: float) -> list[dict]:
+    """The issue's targets, each evaluated on numbers from this one run."""
+    rows = []
+    by_key: dict[tuple, dict[str, Timing]] = {}
+    for t in timings:
+        by_key.setdefault((t.op, t.variant, t.dtype), {})[t.impl] = t
+    for (op, variant, dtype), impls in by_key.items():
+        ours = impls.get("kernels")
+        if ours is None or ours.fwd_ms is None:
+            continue
+        peers = [impls[name] for name in ("compile", "liger") if name in impls and impls[name].fwd_bwd_ms]
+        fastest = min((p.fwd_bwd_ms for p in peers), default=None)
+        leanest = min((p.peak_mb for p in peers if p.peak_mb is not None), default=None)
+        limit = 1.0 if op == "swiglu" else 0.8
+        row = {"op": op, "variant": variant, "dtype": dtype,
+               "fwd_fraction_of_copy": ours.fwd_tbps() / copy_tbps, "fwd_target": 0.85,
+               "fwd_bwd_vs_fastest_peer": ours.fwd_bwd_ms / fastest if fastest else None, "fwd_bwd_target": limit,
+               "peak_mb": ours.peak_mb, "leanest_peer_mb": leanest}
+        row["fwd_ok"] = row["fwd_fraction_of_copy"] >= 0.85
+        row["fwd_bwd_ok"] = row["fwd_bwd_vs_fastest_peer"] is not None and row["fwd_bwd_vs_fastest_peer"] <= limit
+        row["memory_ok"] = leanest is not None and ours.peak_mb is not None and ours.peak_mb <= leanest
+        rows.append(row)
+    return rows
+
+
+def ratios_to_compile(timings: list[dict]) -> dict[str, float]:
+    """'op/variant/dtype/pass' -> kernels' time / torch.compile's time, from one run's timings."""
+    table: dict[tuple, dict[str, dict]] = {}
+    for t in timings:
+        table.setdefault((t["op"], t["variant"], t["dtype"]), {})[t["impl"]] = t
+    out = {}
+    for (op, variant, dtype), impls in table.items():
+        ours, compiled = impls.get("kernels"), impls.get("compile")
+        if not ours or not compiled:
+            continue
+        for phase in ("fwd_ms", "fwd_bwd_ms"):
+            if ours.get(phase) and compiled.get(phase):
+                out[f"{op}/{variant}/{dtype}/{phase[:-3]}"] = ours[phase] / compiled[phase]
+    return out
+
+
+def gate(current: dict, baseline: dict) -> list[str]:
+    """Regressions: ratios to torch.compile that grew by more than GATE_MARGIN."""
+    now, before = ratios_to_compile(current["timings"]), ratios_to_compile(baseline["timings"])
+    return [f"{key}: ratio to torch.compile {before[key]:.3f} -> {now[key]:.3f} (+{now[key] / before[key] - 1:.0%})"
+            for key in sorted(now.keys() & before.keys()) if now[key] > before[key] * (1 + GATE_MARGIN)]
+
+
+# --- output -------------------------------------------------------------------------------------
+
+
+def table(timings: list[Timing], copy_tbps: float) -> str:
+    lines = [f"copy bandwidth: {copy_tbps:.2f} TB/s (read + write)",
+             f"{'op':8s} {'variant':10s} {'dtype':9s} {'impl':22s} {'fwd ms':>8s} {'of copy':>8s} "
+             f"{'fwd+bwd ms':>11s} {'peak MiB':>9s}"]
+    for t in timings:
+        frac = f"{t.fwd_tbps() / copy_tbps:.0%}" if t.fwd_ms else ""
+        lines.append(f"{t.op:8s} {t.variant:10s} {t.dtype:9s} {t.impl:22s} {_fmt(t.fwd_ms, 8)} {frac:>8s} "
+                     f"{_fmt(t.fwd_bwd_ms, 11)} {_fmt(t.peak_mb, 9, '.0f')} {t.note}")
+    return "\n".join(lines)
+
+
+def _fmt(value, width, spec=".3f"):
+    return f"{value:{width}{spec}}" if value is not None else " " * width
+
+
+def run(quick: bool = False, include_liger: bool = True) -> dict:
+    torch.manual_seed(0)
+    impls = implementations(include_liger)
+    copy_tbps = copy_bandwidth_tbps()
+    timings: list[Timing] = []
+    dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)
+    for dtype in dtypes:
+        for make in (lambda: rms_norm_workload(impls, dtype), lambda: rope_workload(impls, dtype, packed=False),
+                     lambda: rope_workload(impls, dtype, packed=True), lambda: swiglu_workload(impls, dtype)):
+            work = make()
+            timings += measure(work)
+            print(table([t for t in timings if t.op == work.op and t.variant == work.variant
+                         and t.dtype == str(dtype).removeprefix("torch.")], copy_tbps), flush=True)
+            del work
+            torch.cuda.empty_cache()
+    sweep = [] if quick else column_sweep(impls)
+    return {"schema": SCHEMA, "environment": environment(), "copy_tbps": copy_tbps,
+            "timings": [asdict(t) for t in timings], "column_sweep": [asdict(t) for t in sweep],
+            "targets": targets(timings, copy_tbps), "impls": sorted(impls)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m oracle.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="bf16 only, no column sweep")
+    parser.add_argument("--no-liger", action="store_true", help="leave Liger-Kernel out even if installed")
+    parser.add_argument("--gate", action="store_true", help="exit 1 if a ratio to torch.compile regressed by >10%%")
+    parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE, help="benchmark to gate against")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: oracle.bench times GPU kernels and needs a CUDA device; this machine has none "
+              "(the correctness suite and the report run on CPU)", file=sys.stderr)
+        return 2
+    baseline = None
+    if args.gate:
+        try:
+            baseline = json.loads(args.baseline.read_text())
+            if baseline.get("schema") != SCHEMA:
+                raise ValueError(f"schema {baseline.get('schema')!r}, expected {SCHEMA!r}")
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot use baseline {args.baseline}: {exc}", file=sys.stderr)
+            return 2
+    result = run(quick=args.quick, include_liger=not args.no_liger)
+    for row in result["targets"]:
+        marks = " ".join(f"{k.removesuffix('_ok')}:{'ok' if row[k] else 'MISS'}" for k in ("fwd_ok", "fwd_bwd_ok", "memory_ok"))
+        vs = row["fwd_bwd_vs_fastest_peer"]
+        print(f"target {row['op']:8s} {row['variant']:7s} {row['dtype']:9s} fwd {row['fwd_fraction_of_copy']:.0%} of copy, "
+              f"fwd+bwd {vs if vs is None else f'{vs:.2f}'}x fastest peer, peak {row['peak_mb']:.0f} vs "
+              f"{row['leanest_peer_mb']} MiB  [{marks}]")
+    if args.json:
+        write_json_atomic(args.json, result)
+        print(f"wrote {args.json}")
+    if baseline is not None:
+        regressions = gate(result, baseline)
+        for line in regressions:
+            print("REGRESSION " + line)
+        return 1 if regressions else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""What a run ran on (for reports, baselines and benchmarks), and atomic JSON writes.
+
+``platform_key`` names the kind of machine a baseline belongs to: results under Triton's CPU
+interpreter and on a given GPU model differ legitimately, so the gate only compares like with like.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode:
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def platform_key() -> str:
+    """'cpu-interpreter', or 'cuda-' + the GPU's name (e.g. 'cuda-NVIDIA-H200')."""
+    from kernels import _runtime
+
+    if _runtime.interpreted() or not torch.cuda.is_available():
+        return "cpu-interpreter"
+    return "cuda-" + torch.cuda.get_device_name().replace(" ", "-")
+
+
+def environment() -> dict:
+    from kernels import _runtime
+
+    return {
+        "platform": platform_key(),
+        "device": _runtime.runtime_summary()["device"],
+        "backend": _runtime.runtime_summary()["backend"],
+        "bf16_casts": _runtime.ensure_faithful_bf16(),
+        "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "liger_kernel": _version("liger-kernel"),
+        "cuda": torch.version.cuda,
+        "host": platform.node(),
+        "commit": git_commit(),
+    }
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write to a temporary file beside ``path``, then rename: an interrupted run never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True, default=_plain)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _plain(value):
+    if isinstance(value, float | int | str | bool) or value is None:
+        return value
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, tuple | set):
+        return list(value)
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
