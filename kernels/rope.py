@@ -215,10 +215,14 @@ def _validate_positions(position_ids, batch: int, seq: int, max_pos: int) -> Non
         raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
     if tuple(position_ids.shape) != (batch, seq):
         raise ValueError(f"position_ids must be (batch, seq) = ({batch}, {seq}), got {tuple(position_ids.shape)}")
-    if position_ids.numel():
+    # Reading the range costs a device-to-host sync; a model passes one position_ids tensor to
+    # every layer, so remember the verdict for this tensor until its contents change (_version).
+    checked = (position_ids._version, max_pos)
+    if position_ids.numel() and getattr(position_ids, "_rope_positions_checked", None) != checked:
         low, high = (int(v) for v in torch.aminmax(position_ids))
         if low < 0 or high >= max_pos:
             raise ValueError(f"position_ids span [{low}, {high}], outside the table's rows [0, {max_pos - 1}]")
+        position_ids._rope_positions_checked = checked
 
 
 @torch.compiler.disable

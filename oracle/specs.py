@@ -66,7 +66,7 @@ class OpSpec:
     gradcheck_case: Case | None = None  # a small float64 case for torch.autograd.gradcheck
     buffers_hold_outputs: dict[str, str] = field(default_factory=dict)  # output -> argument whose buffer holds it
     fusion: Fusion | None = FUSE_LAST_DIM  # how the layout args share one storage in real models
-    error_inputs: Callable[[torch.device], list[ErrorInput]] = lambda device: []
+    error_inputs: Callable[[], list[ErrorInput]] = list  # calls that must raise before any launch
     regressions: tuple[Case, ...] = ()  # cases that once failed, pinned as @example in the generic tests
     # Compared tensors that are sums over many terms (compare.summation_noise): name ->
     # (float64 args, float64 upstream) -> (sum of |terms| per element, number of terms)
@@ -181,23 +181,22 @@ def _rms_norm_sweep(full: bool) -> list[Case]:
     return out
 
 
-def _rms_norm_errors(device) -> list[ErrorInput]:
-    def x(*shape, dtype=torch.float32):
-        return torch.randn(*shape, device=device).to(dtype)
-
-    def args(X, W, eps=1e-6):
+def _rms_norm_errors() -> list[ErrorInput]:
+    def args(d, X_shape=(2, 4), W_shape=(4,), X_dtype=torch.float32, W_dtype=None, eps=1e-6, W_device=None):
+        X = torch.ones(X_shape, device=d, dtype=X_dtype) if not X_dtype.is_floating_point else \
+            torch.randn(X_shape, device=d).to(X_dtype)
+        W = torch.randn(W_shape, device=W_device or d).to(W_dtype or (X_dtype if X_dtype.is_floating_point else torch.float32))
         return {"X": X, "W": W, "eps": eps, "gemma": False}
 
     return [
-        ErrorInput("integer X", lambda d: args(torch.ones(2, 4, dtype=torch.int32, device=d), x(4)), TypeError, "X must be"),
-        ErrorInput("bf16 W with fp16 X", lambda d: args(x(2, 4, dtype=torch.float16), x(4, dtype=torch.bfloat16)),
+        ErrorInput("integer X", lambda d: args(d, X_dtype=torch.int32), TypeError, "X must be"),
+        ErrorInput("bf16 W with fp16 X", lambda d: args(d, X_dtype=torch.float16, W_dtype=torch.bfloat16),
                    TypeError, "W must have X's dtype"),
-        ErrorInput("W length != n_cols", lambda d: args(x(2, 4), x(5)), ValueError, r"W must have shape \(n_cols,\)"),
-        ErrorInput("more than 65536 columns", lambda d: args(x(1, 65537), x(65537)), ValueError, "65536"),
-        ErrorInput("zero columns", lambda d: args(x(3, 0), x(0)), ValueError, "n_cols >= 1"),
-        ErrorInput("eps not a number", lambda d: args(x(2, 4), x(4), eps="1e-6"), TypeError, "eps"),
-        ErrorInput("tensors on different devices", lambda d: args(x(2, 4), torch.randn(4, device="meta")),
-                   ValueError, "one device"),
+        ErrorInput("W length != n_cols", lambda d: args(d, W_shape=(5,)), ValueError, r"W must have shape \(n_cols,\)"),
+        ErrorInput("more than 65536 columns", lambda d: args(d, X_shape=(1, 65537), W_shape=(65537,)), ValueError, "65536"),
+        ErrorInput("zero columns", lambda d: args(d, X_shape=(3, 0), W_shape=(0,)), ValueError, "n_cols >= 1"),
+        ErrorInput("eps not a number", lambda d: args(d, eps="1e-6"), TypeError, "eps"),
+        ErrorInput("tensors on different devices", lambda d: args(d, W_device="meta"), ValueError, "one device"),
     ]
 
 
@@ -284,38 +283,32 @@ def _rope_sweep(full: bool) -> list[Case]:
     return out
 
 
-def _rope_errors(device) -> list[ErrorInput]:
-    def args(q=(1, 4, 3, 8), k=(1, 2, 3, 8), table=(16, 8), positions=None, dtype=torch.float32):
-        return {"Q": torch.randn(q, device=device).to(dtype), "K": torch.randn(k, device=device).to(dtype),
-                "cos": torch.randn(table, device=device), "sin": torch.randn(table, device=device),
-                "position_ids": positions}
-
-    def mixed(d):
-        a = args()
-        a["K"] = a["K"].half()
-        return a
+def _rope_errors() -> list[ErrorInput]:
+    def args(d, q=(1, 4, 3, 8), k=(1, 2, 3, 8), table=(16, 8), positions=None, q_dtype=torch.float32,
+             k_dtype=torch.float32, leaf=False, table_device=None):
+        Q = torch.ones(q, dtype=q_dtype, device=d) if not q_dtype.is_floating_point else torch.randn(q, device=d).to(q_dtype)
+        return {"Q": Q.requires_grad_(leaf), "K": torch.randn(k, device=d).to(k_dtype),
+                "cos": torch.randn(table, device=table_device or d), "sin": torch.randn(table, device=d),
+                "position_ids": positions if positions is None else positions.to(d)}
 
     return [
-        ErrorInput("Q and K dtypes differ", mixed, TypeError, "dtypes must match"),
-        ErrorInput("integer Q", lambda d: {**args(), "Q": torch.ones(1, 4, 3, 8, dtype=torch.int64, device=d)},
-                   TypeError, "Q must be"),
-        ErrorInput("n_heads not a multiple of n_kv_heads", lambda d: args(q=(1, 5, 3, 8)), ValueError, "multiple"),
-        ErrorInput("head_dim mismatch with the table", lambda d: args(table=(16, 6)), ValueError, "cos and sin"),
-        ErrorInput("K's head_dim differs", lambda d: args(k=(1, 2, 3, 6)), ValueError, "must match Q"),
-        ErrorInput("odd head_dim", lambda d: args(q=(1, 4, 3, 7), k=(1, 2, 3, 7), table=(16, 7)), ValueError, "even"),
-        ErrorInput("3-D Q", lambda d: {**args(), "Q": torch.randn(4, 3, 8, device=d)}, ValueError, "4-D"),
-        ErrorInput("position beyond the table", lambda d: args(positions=torch.tensor([[0, 1, 16]], device=d)),
+        ErrorInput("Q and K dtypes differ", lambda d: args(d, k_dtype=torch.float16), TypeError, "dtypes must match"),
+        ErrorInput("integer Q", lambda d: args(d, q_dtype=torch.int64), TypeError, "Q must be"),
+        ErrorInput("n_heads not a multiple of n_kv_heads", lambda d: args(d, q=(1, 5, 3, 8)), ValueError, "multiple"),
+        ErrorInput("head_dim mismatch with the table", lambda d: args(d, table=(16, 6)), ValueError, "cos and sin"),
+        ErrorInput("K's head_dim differs", lambda d: args(d, k=(1, 2, 3, 6)), ValueError, "must match Q"),
+        ErrorInput("odd head_dim", lambda d: args(d, q=(1, 4, 3, 7), k=(1, 2, 3, 7), table=(16, 7)), ValueError, "even"),
+        ErrorInput("3-D Q", lambda d: args(d, q=(4, 3, 8)), ValueError, "4-D"),
+        ErrorInput("position beyond the table", lambda d: args(d, positions=torch.tensor([[0, 1, 16]])),
                    ValueError, "outside the table"),
-        ErrorInput("negative position", lambda d: args(positions=torch.tensor([[0, -1, 2]], device=d)),
+        ErrorInput("negative position", lambda d: args(d, positions=torch.tensor([[0, -1, 2]])),
                    ValueError, "outside the table"),
-        ErrorInput("position_ids of the wrong shape", lambda d: args(positions=torch.zeros(2, 3, dtype=torch.int64, device=d)),
+        ErrorInput("position_ids of the wrong shape", lambda d: args(d, positions=torch.zeros(2, 3, dtype=torch.int64)),
                    ValueError, r"\(batch, seq\)"),
-        ErrorInput("float position_ids", lambda d: args(positions=torch.zeros(1, 3, device=d)), TypeError, "integer"),
-        ErrorInput("seq longer than the table", lambda d: args(q=(1, 4, 20, 8), k=(1, 2, 20, 8)), ValueError, "exceeds"),
-        ErrorInput("leaf Q requiring grad", lambda d: {**args(), "Q": torch.randn(1, 4, 3, 8, device=d, requires_grad=True)},
-                   ValueError, "in place"),
-        ErrorInput("table on another device", lambda d: {**args(), "cos": torch.randn(16, 8, device="meta")},
-                   ValueError, "one device"),
+        ErrorInput("float position_ids", lambda d: args(d, positions=torch.zeros(1, 3)), TypeError, "integer"),
+        ErrorInput("seq longer than the table", lambda d: args(d, q=(1, 4, 20, 8), k=(1, 2, 20, 8)), ValueError, "exceeds"),
+        ErrorInput("leaf Q requiring grad", lambda d: args(d, leaf=True), ValueError, "in place"),
+        ErrorInput("table on another device", lambda d: args(d, table_device="meta"), ValueError, "one device"),
     ]
 
 
@@ -362,23 +355,26 @@ def _elementwise_sweep(op: str) -> Callable[[bool], list[Case]]:
     return sweep
 
 
-def _swiglu_errors(names: tuple[str, ...], raw: bool) -> Callable[[torch.device], list[ErrorInput]]:
-    def errors(device) -> list[ErrorInput]:
-        def args(shapes=None, dtypes=None):
-            shapes = shapes or {n: (3, 4) for n in names}
+def _swiglu_errors(names: tuple[str, ...], raw: bool) -> Callable[[], list[ErrorInput]]:
+    def errors() -> list[ErrorInput]:
+        def args(d, shapes=None, dtypes=None, transposed=()):
+            shapes = {n: (3, 4) for n in names} | (shapes or {})
             dtypes = dtypes or {}
-            return {n: torch.randn(shapes[n], device=device).to(dtypes.get(n, torch.float32)) for n in names}
+            out = {}
+            for n in names:
+                dtype = dtypes.get(n, torch.float32)
+                t = torch.randn(shapes[n], device=d).to(dtype) if dtype.is_floating_point else \
+                    torch.ones(shapes[n], device=d, dtype=dtype)
+                out[n] = t.t().contiguous().t() if n in transposed else t
+            return out
 
         out = [
-            ErrorInput("shapes differ", lambda d: args(shapes={**{n: (3, 4) for n in names}, "g": (3, 5)}),
-                       ValueError, "shapes must match"),
-            ErrorInput("dtypes differ", lambda d: args(dtypes={"g": torch.float16}), TypeError, "dtypes must match"),
-            ErrorInput("integer e", lambda d: {**args(), "e": torch.ones(3, 4, dtype=torch.int32, device=d)},
-                       TypeError, "e must be"),
+            ErrorInput("shapes differ", lambda d: args(d, shapes={"g": (3, 5)}), ValueError, "shapes must match"),
+            ErrorInput("dtypes differ", lambda d: args(d, dtypes={"g": torch.float16}), TypeError, "dtypes must match"),
+            ErrorInput("integer e", lambda d: args(d, dtypes={"e": torch.int32}), TypeError, "e must be"),
         ]
         if raw:
-            out.append(ErrorInput("non-contiguous e", lambda d: {**args(), "e": torch.randn(4, 3, device=d).t()},
-                                  ValueError, "contiguous"))
+            out.append(ErrorInput("non-contiguous e", lambda d: args(d, transposed=("e",)), ValueError, "contiguous"))
         return out
 
     return errors

@@ -37,22 +37,25 @@ def rms_norm_knobs():
         t = ms(lambda: torch.autograd.grad(Y, (X, W), dY, retain_graph=True))
         print(f"rms_norm backward  programs/SM={per_sm} rows/step={rows}: {t:.3f} ms")
     rms.program_slots, rms._backward_rows_per_step = original_slots, original_rows
-    for warps in (2, 4, 8, 16):
-        original = rms.row_block
-        rms.row_block = lambda n, warps=warps: (triton.next_power_of_2(n), warps)
-        print(f"rms_norm forward   num_warps={warps}: {ms(lambda: kernels.rms_norm(X, W, 1e-6)):.3f} ms")
-        rms.row_block = original
+    with torch.no_grad():
+        for _ in range(2):  # twice, interleaved: a difference smaller than the spread is noise
+            for warps in (1, 2, 4, 8, 16):
+                original = rms.row_block
+                rms.row_block = lambda n, warps=warps: (triton.next_power_of_2(n), warps)
+                print(f"rms_norm forward   num_warps={warps}: {ms(lambda: kernels.rms_norm(X, W, 1e-6)):.3f} ms")
+                rms.row_block = original
 
 
 def rope_knobs():
     Q = torch.randn(4, 32, 4096, 128, device="cuda", dtype=torch.bfloat16)
     K = torch.randn(4, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
     cos, sin = R.rotary_table(4096, 128, device="cuda")
-    original = rope.rope_warps
-    for warps in (1, 2, 4, 8):
+    original_warps, original_group = rope.rope_warps, rope.GROUP_SIZE
+    for group, warps in itertools.product((4, 8, 16, 32), (1, 2, 4)):
+        rope.GROUP_SIZE = group
         rope.rope_warps = lambda block, warps=warps: warps
-        print(f"rope forward       num_warps={warps}: {ms(lambda: kernels.rope(Q, K, cos, sin)):.3f} ms")
-    rope.rope_warps = original
+        print(f"rope forward       heads/program={group} num_warps={warps}: {ms(lambda: kernels.rope(Q, K, cos, sin)):.3f} ms")
+    rope.rope_warps, rope.GROUP_SIZE = original_warps, original_group
 
 
 def swiglu_knobs():

@@ -21,78 +21,78 @@ FG = Case("swiglu_fg_kernel", "default", "bfloat16", {"shape": [2, 50]}, "contig
 RAW = Case("swiglu_DWf_DW_dfg_kernel", "default", "float32", {"shape": [5, 7]}, "contiguous", "normal", {}, seed=15)
 
 
-def _main_run_findings(case, impl):
-    return run_case(case.op, case, load(impl), "cpu").findings
+def _main_run_findings(case, impl, device):
+    return run_case(case.op, case, load(impl), device).findings
 
 
-def _check_findings(check, case, impl):
-    return aliasing.run_check(check, SPECS[case.op], case, load(impl), "cpu")
+def _check_findings(check, case, impl, device):
+    return aliasing.run_check(check, SPECS[case.op], case, load(impl), device)
 
 
 @pytest.mark.parametrize("case", [RMS, ROPE, SWIGLU, FG, RAW], ids=lambda c: c.op)
-def test_kernels_have_no_findings(case):
-    assert _main_run_findings(case, "kernels") == []
+def test_kernels_have_no_findings(case, device):
+    assert _main_run_findings(case, "kernels", device) == []
     for check in aliasing.applicable(SPECS[case.op]):
-        assert _check_findings(check, case, "kernels") == [], check
+        assert _check_findings(check, case, "kernels", device) == [], check
 
 
-def test_1_snapshot_catches_an_undeclared_input_write():
-    findings = _main_run_findings(RMS, "tests.broken_impls:modifies_undeclared_input")
+def test_1_snapshot_catches_an_undeclared_input_write(device):
+    findings = _main_run_findings(RMS, "tests.broken_impls:modifies_undeclared_input", device)
     hit = [f for f in findings if f.check == "snapshot" and f.tensor == "X" and f.phase == "forward"]
     assert hit and hit[0].index == [0, 0, 0] and hit[0].found != hit[0].expected, findings
 
 
-def test_2_incoming_gradient_flags_the_kernels_opt_in_in_place_mode():
+def test_2_incoming_gradient_flags_the_kernels_opt_in_in_place_mode(device):
     """Expected detection: write_dx_into_dy=True corrupts the gradient a residual branch shares."""
-    findings = _main_run_findings(RMS, "tests.broken_impls:kernels_writing_dx_into_dy")
+    findings = _main_run_findings(RMS, "tests.broken_impls:kernels_writing_dx_into_dy", device)
     checks = {(f.check, f.tensor) for f in findings}
     assert ("incoming-gradient", "dY") in checks, findings
     assert ("incoming-gradient", "residual branch of Y") in checks, findings
 
 
-def test_2_sum_loss_catches_a_backward_that_reads_the_gradient_with_the_wrong_strides():
-    findings = _check_findings("sum-loss", RMS, "tests.broken_impls:assumes_dense_gradient")
+def test_2_sum_loss_catches_a_backward_that_reads_the_gradient_with_the_wrong_strides(device):
+    findings = _check_findings("sum-loss", RMS, "tests.broken_impls:assumes_dense_gradient", device)
     assert findings and "out of bounds" in findings[0].message, findings
-    assert _check_findings("sum-loss", RMS, "hf") == []
+    assert _check_findings("sum-loss", RMS, "hf", device) == []
 
 
-def test_2_shared_input_catches_a_backward_that_overwrites_its_saved_inputs():
-    findings = _check_findings("shared-input", SWIGLU, "tests.broken_impls:overwrites_saved_inputs")
+def test_2_shared_input_catches_a_backward_that_overwrites_its_saved_inputs(device):
+    findings = _check_findings("shared-input", SWIGLU, "tests.broken_impls:overwrites_saved_inputs", device)
     assert {f.tensor for f in findings if f.check == "shared-input"} >= {"the other consumer of e",
                                                                          "the other consumer of g"}, findings
 
 
-def test_retain_graph_catches_a_backward_that_overwrites_its_saved_inputs():
-    findings = _check_findings("retain-graph", SWIGLU, "tests.broken_impls:overwrites_saved_inputs")
+def test_retain_graph_catches_a_backward_that_overwrites_its_saved_inputs(device):
+    findings = _check_findings("retain-graph", SWIGLU, "tests.broken_impls:overwrites_saved_inputs", device)
     assert {f.tensor for f in findings} == {"de", "dg"}, findings
     # ... and the main run sees the same bug as inputs changing during backward.
-    main = _main_run_findings(SWIGLU, "tests.broken_impls:overwrites_saved_inputs")
+    main = _main_run_findings(SWIGLU, "tests.broken_impls:overwrites_saved_inputs", device)
     assert {(f.check, f.tensor, f.phase) for f in main} >= {("snapshot", "e", "backward"), ("snapshot", "g", "backward")}
 
 
-def test_3_views_catch_writes_that_ignore_strides():
-    findings = _check_findings("views", ROPE, "tests.broken_impls:ignores_strides")
+def test_3_views_catch_writes_that_ignore_strides(device):
+    findings = _check_findings("views", ROPE, "tests.broken_impls:ignores_strides", device)
     assert any(f.check == "views" and f.tensor == "bystander" for f in findings), findings
 
 
-def test_4_guard_bands_catch_a_write_past_the_end():
-    findings = _main_run_findings(FG, "tests.broken_impls:writes_past_the_end")
+def test_4_guard_bands_catch_a_write_past_the_end(device):
+    findings = _main_run_findings(FG, "tests.broken_impls:writes_past_the_end", device)
     hit = [f for f in findings if f.check == "guard-band"]
     assert hit and "offset 100" in hit[0].message, findings  # the element right after 2 x 50
 
 
-def test_5_poisoned_allocations_reveal_an_unwritten_output():
-    findings = _main_run_findings(FG, "tests.broken_impls:leaves_last_unwritten")
+def test_5_poisoned_allocations_reveal_an_unwritten_output(device):
+    findings = _main_run_findings(FG, "tests.broken_impls:leaves_last_unwritten", device)
     assert [(f.check, f.tensor) for f in findings] == [("unwritten", "h")], findings
 
 
 @pytest.mark.parametrize("impl, case", [("untracked_in_place", ROPE), ("raw_backward_untracked", RAW)])
-def test_6_version_counter_catches_silent_in_place_writes(impl, case):
-    findings = _check_findings("version-counter", case, f"tests.broken_impls:{impl}")
+def test_6_version_counter_catches_silent_in_place_writes(impl, case, device):
+    findings = _check_findings("version-counter", case, f"tests.broken_impls:{impl}", device)
     assert findings and all(f.check == "version-counter" and "silently wrong" in f.message for f in findings)
 
 
-def test_6_version_counter_passes_when_autograd_is_told():
-    assert _check_findings("version-counter", ROPE, "kernels") == []
-    assert _check_findings("version-counter", RAW, "kernels") == []
-    assert _check_findings("version-counter", RAW, "hf") == []
+def test_6_version_counter_passes_when_autograd_is_told(device):
+    assert _check_findings("version-counter", ROPE, "kernels", device) == []
+    assert _check_findings("version-counter", RAW, "kernels", device) == []
+    assert _check_findings("version-counter", RAW, "hf", device) == []

@@ -25,14 +25,14 @@ FG = Case("swiglu_fg_kernel", "default", "float32", {"shape": [2, 1025]}, "conti
 RAW = Case("swiglu_DWf_DW_dfg_kernel", "default", "float16", {"shape": [3, 100]}, "contiguous", "normal", {}, seed=7)
 
 
-def _run(case: Case, impl: str) -> CaseResult:
-    return run_case(case.op, case, load(impl), "cpu")
+def _run(case: Case, impl: str, device) -> CaseResult:
+    return run_case(case.op, case, load(impl), device)
 
 
 @pytest.mark.parametrize("case", [RMS, RMS_ZERO_ROWS, ROPE, SWIGLU, FG, RAW], ids=lambda c: c.op)
 @pytest.mark.parametrize("impl", ["kernels", "hf"])
-def test_correct_implementations_pass(case, impl):
-    result = _run(case, impl)
+def test_correct_implementations_pass(case, impl, device):
+    result = _run(case, impl, device)
     assert result.passed, result.explain()
 
 
@@ -43,39 +43,39 @@ def test_correct_implementations_pass(case, impl):
     ("swiglu_wrong_derivative", SWIGLU, "exceeds 2*max|h-t|"),
     ("leaves_last_unwritten", FG, "non-finite where HF is not"),
 ])
-def test_broken_implementations_fail_the_verdict(impl, case, caught):
-    result = _run(case, f"tests.broken_impls:{impl}")
+def test_broken_implementations_fail_the_verdict(impl, case, caught, device):
+    result = _run(case, f"tests.broken_impls:{impl}", device)
     assert result.status == "fail", result.explain()
     assert caught in result.explain()
 
 
-def test_ignoring_eps_passes_where_eps_does_not_matter():
+def test_ignoring_eps_passes_where_eps_does_not_matter(device):
     """Both directions: the eps bug is invisible on ordinary rows, so the verdict must not flag it there."""
     ordinary = Case("rms_norm", "llama", "float32", {"lead": [4], "cols": 64}, "contiguous", "large",
                     {"eps": 1e-12, "weight": "same"}, seed=1)
-    assert _run(ordinary, "tests.broken_impls:ignores_eps").passed
+    assert _run(ordinary, "tests.broken_impls:ignores_eps", device).passed
 
 
-def test_buffers_must_hold_the_raw_kernels_results():
-    result = _run(RAW, "tests.broken_impls:raw_backward_not_in_place")
+def test_buffers_must_hold_the_raw_kernels_results(device):
+    result = _run(RAW, "tests.broken_impls:raw_backward_not_in_place", device)
     assert [f.check for f in result.findings] == ["buffers"] * 3, result.explain()
 
 
-def test_failure_output_names_case_metrics_and_repro():
-    result = _run(RMS, "tests.broken_impls:skips_last_row")
+def test_failure_output_names_case_metrics_and_repro(device):
+    result = _run(RMS, "tests.broken_impls:skips_last_row", device)
     text = result.explain()
     for expected in ("rms_norm[llama] float32", "lead=[3, 2]", "layout=strided", "seed=5", "max|k-t|",
                      "bit-identical", "python -m oracle.repro --impl tests.broken_impls:skips_last_row"):
         assert expected in text
 
 
-def test_repro_command_reruns_exactly_that_case():
-    result = _run(ROPE, "tests.broken_impls:wrong_sign")
+def test_repro_command_reruns_exactly_that_case(device):
+    result = _run(ROPE, "tests.broken_impls:wrong_sign", device)
     command = result.repro.replace("python", sys.executable, 1)
     proc = subprocess.run(command, shell=True, capture_output=True, text=True)
     assert proc.returncode == 1, proc.stderr
     assert "FAIL: rope[packed] float16" in proc.stdout and "dQ" in proc.stdout
-    good = subprocess.run(_run(ROPE, "kernels").repro.replace("python", sys.executable, 1), shell=True,
+    good = subprocess.run(_run(ROPE, "kernels", device).repro.replace("python", sys.executable, 1), shell=True,
                           capture_output=True, text=True)
     assert good.returncode == 0, good.stdout + good.stderr
 
@@ -94,12 +94,12 @@ def test_case_json_round_trip():
             assert Case.from_json(case.to_json()) == case
 
 
-def test_implementation_loading():
+def test_implementation_loading(device):
     assert load("kernels").lacking() == []
     assert load("hf").lacking() == []
     partial = load("tests.broken_impls:only_swiglu")
     assert partial.lacking() == ["rms_norm", "rope", "swiglu_fg_kernel", "swiglu_DWf_DW_dfg_kernel"]
-    skipped = run_case("rope", ROPE, partial, "cpu")
+    skipped = run_case("rope", ROPE, partial, device)
     assert skipped.status == "skipped" and "has no rope" in skipped.error
     with pytest.raises(ValueError, match="unknown implementation"):
         load("nonsense")

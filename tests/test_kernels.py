@@ -74,7 +74,7 @@ def no_launch(monkeypatch):
         monkeypatch.setattr(importlib.import_module(name), "launching", refuse)
 
 
-ERRORS = [(spec.name, error) for spec in SPECS.values() for error in spec.error_inputs("cpu")]
+ERRORS = [(spec.name, error) for spec in SPECS.values() for error in spec.error_inputs()]
 
 
 @pytest.mark.parametrize("op, error", ERRORS, ids=[f"{op}: {e.description}" for op, e in ERRORS])
