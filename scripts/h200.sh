@@ -19,7 +19,7 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
       python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())";;
     profile)
-      timeout 300 python3 scripts/profile.py 2>&1 | tee "$OUT/profile.log";;
+      timeout 300 python3 scripts/gpu_profile.py 2>&1 | tee "$OUT/profile.log";;
     smoke)
       CI=true timeout 420 python3 -m pytest -n 8 -q -p no:cacheprovider tests/test_kernels.py tests/test_reference.py \
         tests/test_runtime.py tests/test_ops.py tests/test_engine.py tests/test_aliasing.py 2>&1 | tee "$OUT/pytest-smoke.log" | tail -45;;
