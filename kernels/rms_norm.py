@@ -93,6 +93,7 @@ def _rms_norm_backward_kernel(
     COMPUTE: tl.constexpr,
     ROWS: tl.constexpr,  # rows handled per loop step, as one 2-D block
     BLOCK_SIZE: tl.constexpr,
+    NUM_STAGES: tl.constexpr,  # loop iterations whose loads are in flight at once (software pipelining)
 ):
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * rows_per_program
@@ -106,7 +107,7 @@ def _rms_norm_backward_kernel(
         w = 1.0 + w
     dw = tl.zeros([BLOCK_SIZE], dtype=COMPUTE)
 
-    for start in range(first_row, end_row, ROWS):
+    for start in tl.range(first_row, end_row, ROWS, num_stages=NUM_STAGES):
         rows = start + tl.arange(0, ROWS)
         row_mask = rows < end_row
         mask = row_mask[:, None] & col_mask[None, :]
@@ -145,6 +146,12 @@ def _split_eps(eps: float) -> tuple[float, float]:
 def _backward_rows_per_step(block: int) -> int:
     # Enough rows per step to keep ~4 Ki elements in flight per program; one row for wide rows.
     return max(1, min(16, 4096 // block))
+
+
+def _backward_stages(block: int) -> int:
+    # Pipelining keeps the next rows' loads in flight while this step reduces; a 64 Ki row
+    # already fills the registers, so wide rows go unpipelined.
+    return 2 if block <= 8192 else 1
 
 
 def _validate(X: torch.Tensor, W: torch.Tensor, eps: object) -> float:
@@ -207,7 +214,7 @@ class RMSNormFunction(torch.autograd.Function):
                 W, W.stride(0), inv_var, dW_partial,
                 n_rows, n_cols, layout.lead[1], layout.lead[2], rows_per_program,
                 GEMMA=ctx.gemma, COMPUTE=_TL[compute], ROWS=_backward_rows_per_step(block),
-                BLOCK_SIZE=block, num_warps=warps,
+                BLOCK_SIZE=block, NUM_STAGES=_backward_stages(block), num_warps=warps,
             )
         dW = dW_partial.sum(dim=0).to(W.dtype) if ctx.needs_input_grad[1] else None
         return dX, dW, None, None, None

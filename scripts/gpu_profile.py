@@ -73,6 +73,15 @@ def main():
     report("rope fwd+bwd plain (with clone)",
            lambda: torch.autograd.grad(kernels.rope(Q0.clone(), K0.clone(), cos, sin), (Q0, K0), (dQ, dK)))
 
+    # Python-side cost of one fwd+bwd, by function: where the CPU issue time goes.
+    import cProfile
+    import pstats
+
+    step = lambda: torch.autograd.grad(kernels.rms_norm(X, W, 1e-6), (X, W), dY)  # noqa: E731
+    cProfile.runctx("for _ in range(50): step()", {"step": step}, {}, "/tmp/rms.prof")
+    torch.cuda.synchronize()
+    pstats.Stats("/tmp/rms.prof").sort_stats("tottime").print_stats(22)
+
     e = torch.randn(16384, 14336, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     g = torch.randn_like(e).requires_grad_()
     dh = torch.randn_like(e)
