@@ -15,8 +15,8 @@ Backward, with g the gradient reaching ``normed`` and inv_var saved by forward (
     dW = sum over rows of dY * normed (Llama: normed.to(x.dtype))
 
 dW is summed in fp32 by persistent programs, each owning a fixed, contiguous range of rows, into
-one partial row per program; the partials are then summed in a fixed order. Same inputs on the
-same device, same bits.
+one partial row per program; a second small kernel sums the partials in a fixed order and casts
+once to W's dtype. Same inputs on the same device, same bits.
 """
 
 from __future__ import annotations
@@ -137,6 +137,22 @@ def _rms_norm_backward_kernel(
     tl.store(dW_partial_ptr + pid * n_cols + cols, dw, mask=col_mask)
 
 
+@triton.jit
+def _sum_partials_kernel(
+    dW_ptr,  # (n_cols,) in W's dtype
+    partial_ptr,  # (n_partials, n_cols) COMPUTE: one row per backward program
+    n_partials, n_cols,
+    BLOCK_SIZE: tl.constexpr,
+):
+    cols = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    # Partial rows summed one after another, always in the same order: same inputs, same bits.
+    acc = tl.zeros([BLOCK_SIZE], dtype=partial_ptr.dtype.element_ty)
+    for p in range(0, n_partials):
+        acc += tl.load(partial_ptr + p * n_cols + cols, mask=mask, other=0.0)
+    tl.store(dW_ptr + cols, acc, mask=mask)
+
+
 def _split_eps(eps: float) -> tuple[float, float]:
     """eps as an exactly-fp32 part plus the remainder (Triton passes float scalars as fp32)."""
     hi = float(np.float32(eps))
@@ -216,7 +232,11 @@ class RMSNormFunction(torch.autograd.Function):
                 GEMMA=ctx.gemma, COMPUTE=_TL[compute], ROWS=_backward_rows_per_step(block),
                 BLOCK_SIZE=block, NUM_STAGES=_backward_stages(block), num_warps=warps,
             )
-        dW = dW_partial.sum(dim=0).to(W.dtype) if ctx.needs_input_grad[1] else None
+        dW = None
+        if ctx.needs_input_grad[1]:
+            dW = torch.empty(n_cols, dtype=W.dtype, device=W.device)
+            with launching():
+                _sum_partials_kernel[(triton.cdiv(n_cols, 1024),)](dW, dW_partial, n_programs, n_cols, BLOCK_SIZE=1024)
         return dX, dW, None, None, None
 
 
