@@ -29,7 +29,9 @@ import triton.language as tl
 from . import _checks
 from ._runtime import launching
 
-GROUP_SIZE = 4  # heads per program: amortises the cos/sin loads over several heads
+# Heads per program: amortises the token's cos/sin loads over several heads. The seed groups 4;
+# 8 measured faster on the H200 (Llama-3-8B shapes, bf16: 0.096 -> 0.087 ms, 82% -> 90% of copy).
+GROUP_SIZE = 8
 
 
 @triton.jit
@@ -136,8 +138,9 @@ def _launch(Q_in, Q_out, K_in, K_out, cos, sin, position_ids, backward: bool) ->
 
 
 def rope_warps(block_half: int) -> int:
-    """Warps per program: one per 256 elements of the GROUP_SIZE x half-head block, 1 to 8."""
-    return max(1, min(8, GROUP_SIZE * block_half // 256))
+    """Warps per program: one per 512 elements of the GROUP_SIZE x half-head block, 1 to 8
+    (8 heads of 128 take one warp: measured fastest on the H200)."""
+    return max(1, min(8, GROUP_SIZE * block_half // 512))
 
 
 class RotatedInPlace(torch.autograd.Function):
