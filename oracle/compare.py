@@ -64,6 +64,7 @@ class TensorVerdict:
     mean_abs: float
     max_rel: float  # max |k - t| / |t| over t != 0
     hf_max_abs: float  # max |h - t|
+    truth_max_abs: float  # max |t|: the tensor's scale
     error_ratio: float  # max_abs / hf_max_abs
     floor: float
     bound: float  # 2 * hf_max_abs + floor: what max_abs had to stay under
@@ -189,7 +190,7 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
     return TensorVerdict(
         name=name, dtype=str(h.dtype).removeprefix("torch."), shape=tuple(k.shape),
         passed=not problems, reason="; ".join(problems),
-        max_abs=max_abs, mean_abs=mean_abs, max_rel=max_rel, hf_max_abs=hf_max_abs,
+        max_abs=max_abs, mean_abs=mean_abs, max_rel=max_rel, hf_max_abs=hf_max_abs, truth_max_abs=scale,
         error_ratio=_ratio(max_abs, hf_max_abs), floor=floor, bound=bound,
         ulp_max=_max(ulps), ulp_p99=_quantile(ulps, 0.99), ulp_mean=float(ulps.mean()) if ulps.numel() else 0.0,
         ulp_histogram=_histogram(ulps),

@@ -78,7 +78,7 @@ class CaseResult:
     def to_dict(self) -> dict:
         return {"case": asdict(self.case), "impl": self.impl, "status": self.status,
                 "verdicts": [v.to_dict() for v in self.verdicts], "findings": [asdict(f) for f in self.findings],
-                "error": self.error, "seconds": self.seconds, "repro": self.repro}
+                "error": self.error, "seconds": self.seconds, "repro": self.repro, "explain": self.explain()}
 
     def explain(self) -> str:
         """A failure report a person can act on: the case, metrics per tensor, findings, the repro."""

@@ -204,3 +204,17 @@ extra_rounding = SimpleNamespace(rms_norm=_rms_norm_extra_rounding, rope=kernels
                                  swiglu_fg_kernel=kernels.swiglu_fg_kernel,
                                  swiglu_DWf_DW_dfg_kernel=kernels.swiglu_DWf_DW_dfg_kernel,
                                  CLOBBERS=kernels.CLOBBERS)
+
+
+def _rms_norm_crashing_on_wide_rows(X, W, eps, gemma=False):
+    """Kills its process on rows wider than 1000 (a segfault, as an out-of-bounds access under the
+    interpreter would); right otherwise. The report must record one crash and carry on."""
+    if X.shape[-1] > 1000:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return kernels.rms_norm(X, W, eps, gemma)
+
+
+crashes_on_wide_rows = SimpleNamespace(rms_norm=_rms_norm_crashing_on_wide_rows)

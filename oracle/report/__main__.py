@@ -1,0 +1,111 @@
+"""``python -m oracle.report``: sweep every spec x variant x dtype over a fixed, seeded grid of
+shapes and layouts for ``--impl``, then print a summary table and write the JSON and the HTML
+dashboard. ``--baseline``/``--gate``/``--update-baseline`` compare with, gate on, or write the
+stored baseline of this platform (reports/baseline-<platform>.json).
+
+Exit status: 0 done (no regression under --gate), 1 a regression under --gate, 2 a usage or
+environment error (a missing or malformed baseline, a platform mismatch, an unknown op).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..cases import FLOAT_DTYPES
+from ..environment import environment, platform_key, write_json_atomic
+from ..impls import ImplementationUnavailable, load
+from ..specs import SPECS
+from . import gate, html, results, sweep, terminal
+
+DEFAULT_BENCH = Path("reports/bench-h200.json")
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m oracle.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--impl", default="kernels", help="kernels (default), hf, compile, liger or package.module:attr")
+    parser.add_argument("--full", action="store_true", help="the large grid (meant for a GPU)")
+    parser.add_argument("--ops", nargs="+", choices=sorted(SPECS), help="only these ops")
+    parser.add_argument("--dtypes", nargs="+", choices=FLOAT_DTYPES, help="only these dtypes")
+    parser.add_argument("--variants", nargs="+", help="only these variants (llama, gemma, plain, packed, default)")
+    parser.add_argument("--no-checks", action="store_true", help="skip the aliasing graph checks")
+    parser.add_argument("--json", type=Path, help="where the JSON goes (default reports/out/drift-<platform>.json)")
+    parser.add_argument("--html", type=Path, help="where the dashboard goes (default reports/out/drift-<platform>.html)")
+    parser.add_argument("--bench", type=Path, help=f"benchmark JSON for the performance section (default {DEFAULT_BENCH} "
+                                                   "when it exists)")
+    parser.add_argument("--baseline", type=Path, help="compare with this run (default reports/baseline-<platform>.json)")
+    parser.add_argument("--gate", action="store_true", help="exit 1 if any cell regressed against the baseline")
+    parser.add_argument("--update-baseline", action="store_true", help="store this run as the platform's baseline")
+    parser.add_argument("--workers", type=int, help="worker processes (default: CPU cores, or 2 per GPU)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    console = Console(width=None if sys.stdout.isatty() else 140)  # a log file gets the whole table
+    platform = platform_key()
+    baseline_path = args.baseline or gate.default_baseline(platform)
+    try:
+        load(args.impl)
+        # --baseline names the run to compare with, and with --update-baseline also where to write;
+        # a baseline about to be written for the first time has nothing to compare with yet.
+        wanted = args.gate or (args.baseline and not args.update_baseline) or \
+            (args.update_baseline and baseline_path.exists())
+        baseline = gate.load_baseline(baseline_path, platform) if wanted else None
+    except (ValueError, ImplementationUnavailable, gate.BaselineError) as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+
+    tasks = sweep.plan(args.full, args.ops, args.dtypes, args.variants, checks=not args.no_checks)
+    devices = sweep.default_workers()
+    if args.workers:
+        devices = (devices * args.workers)[:args.workers]
+    start = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        bar = progress.add_task(f"{args.impl}: {len(tasks)} cases and checks on {len(devices)} worker(s)",
+                                total=len(tasks))
+        answers = sweep.run(tasks, args.impl, devices,
+                            on_answer=lambda task, answer: progress.update(bar, advance=1,
+                                                                           description=f"{args.impl}: {task.label}"))
+    document = results.build(tasks, answers, args.impl, args.full, environment(), time.perf_counter() - start)
+    comparison = gate.compare(document, baseline) if baseline else None
+    if comparison is not None:
+        document["baseline"] = {"path": str(baseline_path), "created": baseline["created"],
+                                "commit": baseline["environment"].get("commit"), **comparison}
+
+    json_path = args.json or Path("reports/out") / f"drift-{platform}.json"
+    html_path = args.html or Path("reports/out") / f"drift-{platform}.html"
+    write_json_atomic(json_path, document)
+    bench_path = args.bench or (DEFAULT_BENCH if DEFAULT_BENCH.exists() else None)
+    bench = json.loads(bench_path.read_text()) if bench_path else None
+    _write_text_atomic(html_path, html.render(document, comparison, bench))
+    terminal.print_summary(document, comparison, console)
+    console.print(f"wrote {json_path} and {html_path}", highlight=False)
+    if args.update_baseline:
+        write_json_atomic(baseline_path, document)
+        console.print(f"baseline updated: {baseline_path}", highlight=False)
+    if args.gate and comparison["regressions"]:
+        return 1
+    return 0
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The self-contained HTML dashboard: a Jinja2 template with Matplotlib figures embedded as SVG.
+
+One file that opens offline: every plot is an <img> whose source is a base64 data URI, the styles
+are inline, and there is no script. Plots: error ratio to HF per op x dtype x tensor, bit-identity
+to HF, ULP-distance histograms, error against column count, and (when a benchmark is given) the
+performance section.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import jinja2
+import matplotlib
+
+matplotlib.use("Agg")  # no display: render to files only
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
+
+from ..compare import ULP_BINS  # noqa: E402
+
+DTYPES = ("float32", "float16", "bfloat16")
+TEMPLATES = Path(__file__).parent / "templates"
+# Error ratio colours: green at or below HF's own error, amber up to the 2x bound, red beyond it.
+RATIO_COLOURS = LinearSegmentedColormap.from_list("ratio", [(0, "#1a9850"), (1 / 3, "#a6d96a"), (0.5, "#fee08b"),
+                                                            (2 / 3, "#fc8d59"), (1, "#d73027")])
+
+
+def _svg(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/svg+xml;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _rows(cells: list[dict]) -> list[str]:
+    return sorted({f"{c['op']}/{c['variant']} {c['tensor']}" for c in cells})
+
+
+def _grid(cells: list[dict], value, reduce) -> tuple[list[str], list[list[float]]]:
+    rows = _rows(cells)
+    by = defaultdict(list)
+    for cell in cells:
+        if cell["metrics"]:
+            by[(f"{cell['op']}/{cell['variant']} {cell['tensor']}", cell["dtype"])].append(value(cell["metrics"]))
+    return rows, [[reduce(by[(r, d)]) if by[(r, d)] else math.nan for d in DTYPES] for r in rows]
+
+
+def _heatmap(rows, grid, title, cmap, vmin, vmax, fmt, label) -> str:
+    """Colours clipped to [vmin, vmax]; the numbers written in the cells are the real values."""
+    fig, ax = plt.subplots(figsize=(6.2, 0.32 * len(rows) + 1.4))
+    clipped = [[min(max(v, vmin), vmax) if not math.isnan(v) else v for v in row] for row in grid]
+    image = ax.imshow(clipped, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax)
+    ax.set_xticks(range(len(DTYPES)), DTYPES)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.xaxis.tick_top()
+    for i, row in enumerate(grid):
+        for j, value in enumerate(row):
+            if not math.isnan(value):
+                ax.text(j, i, fmt(value), ha="center", va="center", fontsize=7)
+    fig.colorbar(image, ax=ax, label=label, shrink=0.8)
+    ax.set_title(title, fontsize=10, pad=24)
+    return _svg(fig)
+
+
+def ratio_heatmap(cells) -> str:
+    rows, grid = _grid(cells, lambda m: m["error_ratio"], max)
+    return _heatmap(rows, grid, "worst error ratio max|k-t| / max|h-t| over the grid (colour clipped at 3)",
+                    RATIO_COLOURS, 0, 3, lambda v: f"{v:.3g}", "error ratio (pass bound is 2 plus the floor)")
+
+
+def bit_identity_heatmap(cells) -> str:
+    rows, grid = _grid(cells, lambda m: m["bit_identical"], lambda xs: sum(xs) / len(xs))
+    return _heatmap(rows, grid, "elements bit-identical to HF (mean over the grid)", "viridis", 0, 1,
+                    lambda v: f"{v:.0%}", "fraction bit-identical")
+
+
+def ulp_histograms(cells) -> str:
+    ops = sorted({c["op"] for c in cells})
+    fig, axes = plt.subplots(1, len(ops), figsize=(3.2 * len(ops), 2.8), squeeze=False, sharey=True)
+    for ax, op in zip(axes[0], ops):
+        width = 0.27
+        for k, dtype in enumerate(DTYPES):
+            counts = [0] * len(ULP_BINS)
+            for cell in cells:
+                if cell["op"] == op and cell["dtype"] == dtype and cell["metrics"]:
+                    for i, name in enumerate(ULP_BINS):
+                        counts[i] += cell["metrics"]["ulp_histogram"][name]
+            ax.bar([i + (k - 1) * width for i in range(len(ULP_BINS))], [max(c, 0.5) for c in counts], width,
+                   label=dtype)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(ULP_BINS)), ULP_BINS, rotation=45, fontsize=7)
+        ax.set_title(op, fontsize=9)
+        ax.set_xlabel("ULPs from HF", fontsize=8)
+    axes[0][0].set_ylabel("elements")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("distance to HF's result in its own dtype, all tensors of the grid", fontsize=10, y=1.06)
+    return _svg(fig)
+
+
+def error_vs_columns(cells) -> str:
+    """Worst error per column count (over the grid's cases with that many columns, contiguous)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+    for op, tensor, marker in (("rms_norm", "Y", "o"), ("rms_norm", "dX", "s"), ("swiglu", "h", "^")):
+        for dtype in DTYPES:
+            worst: dict[int, tuple[float, float]] = {}
+            for c in cells:
+                m = c["metrics"]
+                if c["op"] == op and c["tensor"] == tensor and c["dtype"] == dtype and m and c["columns"] \
+                        and c["layout"] == "contiguous":
+                    ratio, scaled = worst.get(c["columns"], (0.0, 0.0))
+                    worst[c["columns"]] = (max(ratio, m["error_ratio"]),
+                                           max(scaled, m["max_abs"] / m["truth_max_abs"] if m["truth_max_abs"] else 0.0))
+            if not worst:
+                continue
+            xs = sorted(worst)
+            axes[0].plot(xs, [worst[x][0] for x in xs], marker=marker, label=f"{op} {tensor} {dtype}", linewidth=1,
+                         markersize=4)
+            axes[1].plot(xs, [max(worst[x][1], 1e-12) for x in xs], marker=marker, linewidth=1, markersize=4)
+    for ax, label in ((axes[0], "worst error ratio to HF"), (axes[1], "worst max|k-t| / max|t|")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("columns (last dimension)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].set_yscale("log")
+    axes[0].legend(fontsize=6, ncol=2)
+    fig.suptitle("error against column count (contiguous layout)", fontsize=10, y=1.02)
+    return _svg(fig)
+
+
+def perf_figures(bench: dict) -> dict[str, str]:
+    figures = {}
+    timings = bench.get("timings", [])
+    keys = sorted({(t["op"], t["variant"], t["dtype"]) for t in timings})
+    impls = [i for i in ("kernels", "compile", "liger", "eager") if any(t["impl"] == i for t in timings)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for ax, phase, title in ((axes[0], "fwd_gpu_ms", "forward"), (axes[1], "fwd_bwd_gpu_ms", "forward + backward")):
+        width = 0.8 / max(1, len(impls))
+        for k, impl in enumerate(impls):
+            values = []
+            for key in keys:
+                row = {t["impl"]: t for t in timings if (t["op"], t["variant"], t["dtype"]) == key}
+                base = row.get("compile", {}).get(phase)
+                mine = row.get(impl, {}).get(phase)
+                values.append(mine / base if mine and base else 0)
+            ax.bar([i + (k - (len(impls) - 1) / 2) * width for i in range(len(keys))], values, width, label=impl)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(keys)), [f"{o}\n{v}\n{d}" for o, v, d in keys], fontsize=6)
+        ax.set_ylabel("GPU time / torch.compile's")
+        ax.set_title(title, fontsize=9)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("time relative to torch.compile, same run (CUDA-graph replay)", fontsize=10)
+    figures["ratios"] = _svg(fig)
+    sweep = bench.get("column_sweep", [])
+    if sweep:
+        fig, ax = plt.subplots(figsize=(7, 3.4))
+        for impl in impls:
+            points = sorted(((int(t["variant"].split(", ")[1].split()[0]), t) for t in sweep
+                             if t["impl"] == impl and t.get("fwd_gpu_ms")), key=lambda p: p[0])
+            if points:
+                ax.plot([p[0] for p in points], [p[1]["fwd_bytes"] / (p[1]["fwd_gpu_ms"] * 1e-3) / 1e12 for p in points],
+                        marker="o", label=impl)
+        ax.axhline(bench["copy_tbps"], color="grey", linestyle="--", label="copy")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("columns")
+        ax.set_ylabel("RMSNorm forward TB/s")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        figures["sweep"] = _svg(fig)
+    return figures
+
+
+def render(document: dict, comparison: dict | None = None, bench: dict | None = None) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["j2"]),
+                             undefined=jinja2.StrictUndefined)
+    cells = document["cells"]
+    figures = {"ratio": ratio_heatmap(cells), "bit_identity": bit_identity_heatmap(cells),
+               "ulps": ulp_histograms(cells), "columns": error_vs_columns(cells)}
+    perf = perf_figures(bench) if bench else {}
+    regression_keys = {d["key"] for d in comparison["deltas"] if d["regression"]} if comparison else set()
+    return env.get_template("dashboard.html.j2").render(
+        doc=document, figures=figures, perf=perf, bench=bench, comparison=comparison,
+        regression_keys=regression_keys, passed=sum(c["status"] == "pass" for c in document["cases"]),
+        findings=sum(len(a["findings"]) for a in document["aliasing"]) + sum(len(c["findings"]) for c in document["cases"]),
+    )

@@ -1,0 +1,88 @@
+"""The report document: one JSON object (schema ``kernel-oracle/drift/1``, documented in the README)
+that the terminal table, the HTML dashboard, the gate and the committed baselines all read."""
+
+from __future__ import annotations
+
+import datetime
+from collections import defaultdict
+from dataclasses import asdict
+
+from ..cases import Case
+from ..engine import repro_command
+from ..specs import SPECS
+from .sweep import Task, columns_of
+
+SCHEMA = "kernel-oracle/drift/1"
+
+
+def cell_key(case: Case, tensor: str) -> str:
+    """Stable across runs of the same grid: op/variant/dtype/case label/tensor."""
+    return f"{case.op}/{case.variant}/{case.dtype}/{case.label}/{tensor}"
+
+
+def build(tasks: list[Task], answers: dict[int, dict], impl: str, full: bool, environment: dict,
+          seconds: float) -> dict:
+    cells, cases, checks = [], [], []
+    for task in tasks:
+        answer = answers[task.id]
+        case = task.case
+        if task.kind == "case":
+            result = answer["result"]
+            cases.append(result)
+            verdicts = {v["name"]: v for v in result["verdicts"]}
+            for tensor in SPECS[case.op].compared():
+                verdict = verdicts.get(tensor)
+                status = ("pass" if verdict["passed"] else "fail") if verdict else result["status"]
+                if verdict and result["status"] == "fail" and verdict["passed"] and result["findings"]:
+                    status = "pass"  # the case failed on a finding, not on this tensor's numbers
+                cells.append({"key": cell_key(case, tensor), "op": case.op, "variant": case.variant,
+                              "dtype": case.dtype, "label": case.label, "tensor": tensor, "columns": columns_of(case),
+                              "layout": case.layout, "status": status, "metrics": verdict})
+        else:
+            checks.append({"op": case.op, "variant": case.variant, "dtype": case.dtype, "check": task.check,
+                           "case": asdict(case), "findings": answer["findings"], "seconds": answer.get("seconds", 0.0),
+                           "repro": repro_command(case, impl, task.check)})
+    failures = [{"kind": "case", "status": r["status"], "summary": Case(**r["case"]).summary(), "repro": r["repro"],
+                 "explain": r.get("explain") or r["error"]} for r in cases if r["status"] != "pass"]
+    failures += [{"kind": "check", "status": "finding", "summary": f"{c['check']} on {Case(**c['case']).summary()}",
+                  "repro": c["repro"], "explain": "\n".join(f"[{f['check']}] {f['tensor']}: {f['message']}"
+                                                            for f in c["findings"])}
+                 for c in checks if c["findings"]]
+    return {
+        "schema": SCHEMA,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "impl": impl,
+        "sweep": "full" if full else "quick",
+        "seconds": seconds,
+        "environment": environment,
+        "summary": summarize(cells, checks, cases),
+        "cells": cells,
+        "cases": cases,
+        "aliasing": checks,
+        "failures": failures,
+    }
+
+
+def summarize(cells: list[dict], checks: list[dict], cases: list[dict]) -> list[dict]:
+    """One row per op, variant, dtype and tensor: how many cells passed, the worst ratio and ULPs,
+    the lowest bit-identity to HF, and the aliasing findings for that op and dtype."""
+    rows: dict[tuple, dict] = {}
+    findings = defaultdict(int)
+    for check in checks:
+        findings[(check["op"], check["dtype"])] += len(check["findings"])
+    for result in cases:
+        case = result["case"]
+        findings[(case["op"], case["dtype"])] += len(result["findings"])
+    for cell in cells:
+        key = (cell["op"], cell["variant"], cell["dtype"], cell["tensor"])
+        row = rows.setdefault(key, {"op": key[0], "variant": key[1], "dtype": key[2], "tensor": key[3], "cells": 0,
+                                    "passed": 0, "worst_ratio": 0.0, "min_bit_identical": 1.0, "max_ulp": 0.0,
+                                    "findings": findings[(key[0], key[2])]})
+        row["cells"] += 1
+        row["passed"] += cell["status"] == "pass"
+        metrics = cell["metrics"]
+        if metrics:
+            row["worst_ratio"] = max(row["worst_ratio"], metrics["error_ratio"])
+            row["min_bit_identical"] = min(row["min_bit_identical"], metrics["bit_identical"])
+            row["max_ulp"] = max(row["max_ulp"], metrics["ulp_max"])
+    return list(rows.values())

@@ -1,0 +1,182 @@
+"""The report's sweep: which cases and checks run, and a pool of worker processes that runs them.
+
+The grid is each spec's fixed, seeded ``sweep(full)`` (specs.py), so two runs of the same code on
+the same platform compare cell by cell. The aliasing checks run on one case per op and dtype (the
+smallest of the grid), since each check needs graphs of its own.
+
+Workers are subprocesses (oracle/report/worker.py): a crash kills one worker, not the run. The
+task it was running is recorded as a crash with its repro command, and a fresh worker takes over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .. import aliasing
+from ..cases import Case
+from ..engine import repro_command
+from ..specs import SPECS
+
+
+def columns_of(case: Case) -> int | None:
+    """The size a row-wise kernel iterates over (RMSNorm's columns, RoPE's head_dim, SwiGLU's last dim)."""
+    dims = case.dims
+    return dims.get("cols") or dims.get("head_dim") or (dims["shape"][-1] if "shape" in dims else None)
+
+TASK_TIMEOUT_S = 900  # a case that runs this long is treated like a crash (a hung kernel)
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    kind: str  # case | check
+    case: Case
+    check: str | None = None
+
+    def message(self) -> str:
+        return json.dumps({"id": self.id, "kind": self.kind, "case": asdict(self.case), "check": self.check})
+
+    @property
+    def label(self) -> str:
+        return f"{self.case.op} {self.case.dtype}" + (f" [{self.check}]" if self.check else "")
+
+
+def plan(full: bool, ops: list[str] | None = None, dtypes: list[str] | None = None,
+         variants: list[str] | None = None, checks: bool = True) -> list[Task]:
+    tasks: list[Task] = []
+    for name, spec in SPECS.items():
+        if ops and name not in ops:
+            continue
+        cases = [c for c in spec.sweep(full)
+                 if (not dtypes or c.dtype in dtypes) and (not variants or c.variant in variants)]
+        tasks += [Task(len(tasks) + i, "case", case) for i, case in enumerate(cases)]
+        if not checks:
+            continue
+        for dtype in dict.fromkeys(c.dtype for c in cases):
+            # The smallest case with a real row (>= 8 columns): cheap, yet not a degenerate shape.
+            candidates = [c for c in cases if c.dtype == dtype]
+            wide = [c for c in candidates if (columns_of(c) or 0) >= 8] or candidates
+            smallest = min(wide, key=_size)
+            for check in aliasing.applicable(spec):
+                tasks.append(Task(len(tasks), "check", smallest, check))
+    return tasks
+
+
+def _size(case: Case) -> int:
+    size = 1
+    for value in case.dims.values():
+        for v in value if isinstance(value, list) else [value]:
+            size *= v
+    return size
+
+
+def default_workers() -> list[str | None]:
+    """Devices for the workers: every GPU twice (overlap Python with kernels), or the CPU cores."""
+    from kernels import _runtime
+
+    if not _runtime.interpreted() and torch.cuda.is_available():
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())] * 2
+    return [None] * max(1, min(os.cpu_count() or 1, 8))
+
+
+class _Worker:
+    def __init__(self, impl: str, device: str | None, threads: int):
+        self.impl, self.device, self.threads = impl, device, threads
+        self.proc: subprocess.Popen | None = None
+        self.stderr = None
+        self.start()
+
+    def start(self) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "PYTHONUNBUFFERED": "1"}
+        if self.device:
+            env["ORACLE_DEVICE"] = self.device
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "oracle.report.worker", "--impl", self.impl],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     text=True, env=env)
+
+    def ask(self, task: Task) -> dict | None:
+        """The worker's answer, or None if it died (or hung past TASK_TIMEOUT_S and was killed)."""
+        watchdog = threading.Timer(TASK_TIMEOUT_S, self.proc.kill)
+        watchdog.start()
+        try:
+            self.proc.stdin.write(task.message() + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        finally:
+            watchdog.cancel()
+        return json.loads(line) if line else None
+
+    def death_notice(self) -> str:
+        code = self.proc.wait()
+        self.stderr.seek(0)
+        tail = self.stderr.read()[-2000:]
+        return f"the worker process died (exit code {code}) while running this task\n{tail}"
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def crash_answer(task: Task, impl: str, notice: str) -> dict:
+    """The answer recorded for a task whose worker died: a crash, with the command that reruns it."""
+    repro = repro_command(task.case, impl, task.check)
+    if task.kind == "case":
+        return {"id": task.id, "result": {"case": asdict(task.case), "impl": impl, "status": "crash", "verdicts": [],
+                                          "findings": [], "error": notice, "seconds": 0.0, "repro": repro}}
+    return {"id": task.id, "seconds": 0.0, "findings": [
+        {"check": task.check, "tensor": task.case.op, "phase": "-", "message": f"crash: {notice}",
+         "index": None, "expected": None, "found": None}]}
+
+
+def run(tasks: list[Task], impl: str, devices: list[str | None],
+        on_answer: Callable[[Task, dict], None] | None = None) -> dict[int, dict]:
+    """Run every task on a pool of workers; answers by task id (a crash never loses the others)."""
+    todo: queue.Queue = queue.Queue()
+    for task in tasks:
+        todo.put(task)
+    answers: dict[int, dict] = {}
+    lock = threading.Lock()
+    threads_each = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
+
+    def serve(device):
+        worker = _Worker(impl, device, threads_each)
+        while True:
+            try:
+                task = todo.get_nowait()
+            except queue.Empty:
+                break
+            answer = worker.ask(task)
+            if answer is None:
+                answer = crash_answer(task, impl, worker.death_notice())
+                worker.start()
+            with lock:
+                answers[task.id] = answer
+                if on_answer:
+                    on_answer(task, answer)
+        worker.stop()
+
+    threads = [threading.Thread(target=serve, args=(device,), daemon=True) for device in devices[:max(1, len(tasks))]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(timeout=0.5)
+    return answers
+

@@ -1,0 +1,37 @@
+"""The report's terminal output: a summary table per op, dtype and tensor, the failures with their
+repro commands, and the gate's verdict."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def print_summary(document: dict, comparison: dict | None, console: Console) -> None:
+    table = Table(title=f"kernel-oracle drift: {document['impl']} on {document['environment']['platform']} "
+                        f"({document['sweep']} sweep, {document['seconds']:.0f} s)")
+    for column in ("op", "variant", "dtype", "tensor", "passed", "worst ratio", "min bit-identical", "max ULP",
+                   "findings"):
+        table.add_column(column, justify="right" if column not in ("op", "variant", "dtype", "tensor") else "left")
+    for row in document["summary"]:
+        ok = row["passed"] == row["cells"]
+        table.add_row(row["op"], row["variant"], row["dtype"], row["tensor"],
+                      f"[{'green' if ok else 'red'}]{row['passed']}/{row['cells']}[/]", f"{row['worst_ratio']:.3g}",
+                      f"{row['min_bit_identical']:.1%}", f"{row['max_ulp']:.0f}",
+                      f"[{'green' if not row['findings'] else 'red'}]{row['findings']}[/]")
+    console.print(table)
+    checks = document["aliasing"]
+    flagged = [c for c in checks if c["findings"]]
+    console.print(f"aliasing checks: {len(checks) - len(flagged)}/{len(checks)} clean")
+    for failure in document["failures"][:20]:
+        console.print(f"[red]{failure['status']}[/]: {failure['summary']}\n  rerun: {failure['repro']}",
+                      highlight=False, soft_wrap=True)
+    if len(document["failures"]) > 20:
+        console.print(f"... and {len(document['failures']) - 20} more failures in the JSON")
+    if comparison is not None:
+        if comparison["regressions"]:
+            console.print(f"[red]{len(comparison['regressions'])} regression(s) against the baseline:[/]")
+            for line in comparison["regressions"][:30]:
+                console.print("  " + line, highlight=False, soft_wrap=True)
+        else:
+            console.print(f"[green]no regressions against the baseline[/] ({len(comparison['deltas'])} cells compared)")

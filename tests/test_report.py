@@ -1,0 +1,105 @@
+"""``python -m oracle.report``: its outputs, the gate's exit codes, atomic baselines, crash isolation.
+
+Each test runs the real command on a slice of the grid (--ops/--dtypes) to stay quick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oracle.environment import platform_key, write_json_atomic
+from oracle.report.results import SCHEMA
+
+SLICE = ["--ops", "rms_norm", "--dtypes", "float32", "--variants", "llama", "--no-checks", "--workers", "2"]
+
+
+def report(tmp_path: Path, *args: str, name: str = "run") -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "oracle.report", "--json", str(tmp_path / f"{name}.json"),
+               "--html", str(tmp_path / f"{name}.html"), *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parent.parent, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def baseline(small_report) -> Path:
+    """A baseline of the unchanged kernels on this slice, written with --update-baseline."""
+    return Path(small_report["baseline"])
+
+
+def test_outputs_table_json_and_html(baseline, small_report):
+    assert "kernel-oracle drift: kernels on" in small_report["stdout"]  # the terminal table
+    document = json.loads(Path(small_report["json"]).read_text())
+    assert document["schema"] == SCHEMA and document["impl"] == "kernels" and document["sweep"] == "quick"
+    assert document["environment"]["platform"] == platform_key()
+    assert {"torch", "triton", "transformers", "commit", "device"} <= document["environment"].keys()
+    assert document["cells"] and all(c["status"] == "pass" for c in document["cells"])
+    assert {c["tensor"] for c in document["cells"]} == {"Y", "dX", "dW"}
+    cell = document["cells"][0]
+    assert {"error_ratio", "bit_identical", "ulp_max", "ulp_p99", "ulp_mean", "max_abs", "max_rel",
+            "nonfinite_mismatches"} <= cell["metrics"].keys()
+    html = (baseline.parent / "drift.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "data:image/svg+xml;base64," in html and "<script" not in html
+
+
+def test_unchanged_kernels_pass_the_gate(tmp_path, baseline):
+    proc = report(tmp_path, *SLICE, "--gate", "--baseline", str(baseline))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no regressions against the baseline" in proc.stdout
+
+
+def test_one_extra_rounding_step_fails_the_gate_and_shows_where(tmp_path, baseline):
+    proc = report(tmp_path, *SLICE, "--gate", "--baseline", str(baseline), "--impl", "tests.broken_impls:extra_rounding")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "regression(s) against the baseline" in proc.stdout
+    document = json.loads((tmp_path / "run.json").read_text())
+    regressed = {d["key"] for d in document["baseline"]["deltas"] if d["regression"]}
+    # Y is rounded through bf16, and so is the gradient flowing back through that cast.
+    assert {key.rsplit("/", 1)[1] for key in regressed} == {"Y", "dX", "dW"}
+    html = (tmp_path / "run.html").read_text()
+    assert 'class="regression"' in html and next(iter(regressed)) in html
+
+
+def test_gate_usage_errors_exit_2(tmp_path, baseline):
+    missing = report(tmp_path, *SLICE, "--gate", "--baseline", str(tmp_path / "absent.json"))
+    assert missing.returncode == 2 and "no baseline at" in missing.stdout
+    (tmp_path / "broken.json").write_text("{not json")
+    malformed = report(tmp_path, *SLICE, "--gate", "--baseline", str(tmp_path / "broken.json"))
+    assert malformed.returncode == 2 and "not readable JSON" in malformed.stdout
+    other = json.loads(baseline.read_text())
+    other["environment"]["platform"] = "cuda-Some-Other-GPU"
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    mismatch = report(tmp_path, *SLICE, "--gate", "--baseline", str(tmp_path / "other.json"))
+    assert mismatch.returncode == 2 and "was made on 'cuda-Some-Other-GPU'" in mismatch.stdout
+    unknown = report(tmp_path, "--ops", "gelu")
+    assert unknown.returncode == 2 and "invalid choice" in unknown.stderr
+
+
+def test_a_crash_loses_only_its_case(tmp_path):
+    proc = report(tmp_path, *SLICE, "--impl", "tests.broken_impls:crashes_on_wide_rows")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    document = json.loads((tmp_path / "run.json").read_text())
+    statuses = [c["status"] for c in document["cases"]]
+    wide = [c for c in document["cases"] if c["case"]["dims"]["cols"] > 1000]
+    assert wide and all(c["status"] == "crash" for c in wide)
+    assert statuses.count("pass") == len(statuses) - len(wide)
+    crash = wide[0]
+    assert "exit code" in crash["error"] and crash["repro"].startswith("python -m oracle.repro")
+
+
+def test_baseline_writes_are_atomic(tmp_path, monkeypatch):
+    target = tmp_path / "baseline.json"
+    write_json_atomic(target, {"schema": SCHEMA, "n": 1})
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(json, "dump", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_json_atomic(target, {"schema": SCHEMA, "n": 2})
+    assert json.loads(target.read_text()) == {"schema": SCHEMA, "n": 1}
+    assert os.listdir(tmp_path) == ["baseline.json"]  # no half-written temporary left behind
