@@ -19,14 +19,22 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 
 import torch
 
 
 def _choose_backend() -> None:
     # An explicit TRITON_INTERPRET (either value) is the user's choice; respect it.
-    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
+    if "TRITON_INTERPRET" in os.environ or torch.cuda.is_available():
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    # If triton was imported before us (torch._dynamo imports it, and transformers imports that),
+    # its own @jit helpers (tl.sum, ...) were built for a GPU and refuse to run in the interpreter.
+    # Drop its Python modules so that the import below builds them again for the interpreter; the
+    # compiled extension (triton._C) stays loaded.
+    for name in [n for n in sys.modules if (n == "triton" or n.startswith("triton.")) and not n.startswith("triton._C")]:
+        del sys.modules[name]
 
 
 _choose_backend()

@@ -59,6 +59,16 @@ def test_cpu_machine_picks_the_interpreter_without_being_told():
     assert _import_kernels_with(env) == "1 True"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_interpreter_works_when_triton_was_imported_first():
+    """transformers imports torch._dynamo, which imports triton before the kernels can choose."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import torch._dynamo, sys; assert 'triton.language' in sys.modules; import torch, kernels; "
+            "x = torch.randn(3, 8); print(kernels.rms_norm(x, torch.ones(8), 1e-6).shape)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and "torch.Size([3, 8])" in proc.stdout, proc.stderr
+
+
 def test_an_explicit_choice_is_respected():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     assert _import_kernels_with(env) == "1 True"
