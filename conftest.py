@@ -26,7 +26,7 @@ from oracle.devices import default_device, worker_index
 
 _common = dict(deadline=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
-settings.register_profile("ci", derandomize=True, database=None, max_examples=6, **_common)
+settings.register_profile("ci", derandomize=True, database=None, max_examples=10, **_common)
 settings.register_profile("dev", max_examples=10, **_common)
 settings.register_profile("thorough", max_examples=400, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One call on the lent H200 (../shared/gpu.md): install what the image lacks, then run the steps
-# named on the command line, each logging under $OUT. Steps: info smoke tune bench tests report full-bench.
-# Usage (device tool, carry .whl): bash scripts/h200.sh info smoke tune bench
+# named on the command line, each logging under $OUT. Usage (device tool, carry .whl):
+#   bash scripts/h200.sh info tests thorough liger-tests
+#   bash scripts/h200.sh report liger-report bench
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    2>&1 | grep -v "already exists" || true
   export PYTHONPATH="$PWD:/tmp/site"
 else
   export PYTHONPATH="$PWD"
@@ -18,23 +20,29 @@ for step in "$@"; do
     info)
       nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
       python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())";;
-    profile)
-      timeout 300 python3 scripts/gpu_profile.py 2>&1 | tee "$OUT/profile.log";;
     smoke)
       CI=true timeout 420 python3 -m pytest -n 8 -q -p no:cacheprovider tests/test_kernels.py tests/test_reference.py \
         tests/test_runtime.py tests/test_ops.py tests/test_engine.py tests/test_aliasing.py 2>&1 | tee "$OUT/pytest-smoke.log" | tail -45;;
+    tests)
+      CI=true timeout 400 python3 -m pytest -n 8 -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-h200.log" | tail -25;;
+    thorough)
+      HYPOTHESIS_PROFILE=thorough timeout 420 python3 -m pytest -n 12 -q -p no:cacheprovider tests/test_ops.py 2>&1 \
+        | tee "$OUT/pytest-thorough-h200.log" | tail -22;;
+    liger-tests)
+      CI=true timeout 300 python3 -m pytest -n 8 -q -p no:cacheprovider tests/test_ops.py --impl liger 2>&1 \
+        | tee "$OUT/pytest-liger-h200.log" | tail -30;;
+    profile)
+      timeout 300 python3 scripts/gpu_profile.py 2>&1 | tee "$OUT/profile.log";;
     tune)
       timeout 300 python3 scripts/tune.py 2>&1 | tee "$OUT/tune.log";;
-    bench)
-      timeout 400 python3 -m oracle.bench --quick --json "$OUT/bench-quick.json" 2>&1 | tee "$OUT/bench-quick.log" | tail -45;;
-    full-bench)
-      timeout 580 python3 -m oracle.bench --json "$OUT/bench-h200.json" 2>&1 | tee "$OUT/bench.log" | tail -60;;
-    tests)
-      CI=true timeout 580 python3 -m pytest -n 8 -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -45;;
-    thorough)
-      HYPOTHESIS_PROFILE=thorough timeout 580 python3 -m pytest -n 8 -q -p no:cacheprovider tests/test_ops.py 2>&1 | tee "$OUT/pytest-thorough.log" | tail -30;;
     report)
-      timeout 580 python3 -m oracle.report --full --json "$OUT/drift-h200.json" --html "$OUT/drift-h200.html" 2>&1 | tee "$OUT/report.log" | tail -40;;
+      timeout 400 python3 -m oracle.report --full --json "$OUT/drift-h200.json" --html "$OUT/drift-h200.html" \
+        --update-baseline --baseline "$OUT/baseline-cuda-NVIDIA-H200.json" 2>&1 | tee "$OUT/report-h200.log" | tail -30;;
+    liger-report)
+      timeout 300 python3 -m oracle.report --impl liger --json "$OUT/drift-liger-h200.json" \
+        --html "$OUT/drift-liger-h200.html" 2>&1 | tee "$OUT/report-liger-h200.log" | tail -30;;
+    bench)
+      timeout 560 python3 -m oracle.bench --json "$OUT/bench-h200.json" 2>&1 | tee "$OUT/bench-h200.log" | tail -45;;
     *) echo "unknown step $step"; exit 2;;
   esac
 done

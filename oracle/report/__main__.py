@@ -43,16 +43,19 @@ def parse(argv):
     parser.add_argument("--gate", action="store_true", help="exit 1 if any cell regressed against the baseline")
     parser.add_argument("--update-baseline", action="store_true", help="store this run as the platform's baseline")
     parser.add_argument("--workers", type=int, help="worker processes (default: CPU cores, or 2 per GPU)")
+    parser.add_argument("--from-json", type=Path, help="render a stored run's table and dashboard again (no sweep)")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse(argv)
     console = Console(width=None if sys.stdout.isatty() else 140)  # a log file gets the whole table
-    platform = platform_key()
-    baseline_path = args.baseline or gate.default_baseline(platform)
     try:
-        load(args.impl)
+        stored = _stored_run(args.from_json) if args.from_json else None
+        platform = stored["environment"]["platform"] if stored else platform_key()
+        baseline_path = args.baseline or gate.default_baseline(platform)
+        if not stored:
+            load(args.impl)
         # --baseline names the run to compare with, and with --update-baseline also where to write;
         # a baseline about to be written for the first time has nothing to compare with yet.
         wanted = args.gate or (args.baseline and not args.update_baseline) or \
@@ -62,6 +65,39 @@ def main(argv=None) -> int:
         console.print(f"[red]error:[/] {exc}", highlight=False)
         return 2
 
+    document = stored or sweep_now(args, console)
+    comparison = gate.compare(document, baseline) if baseline else None
+    if comparison is not None:
+        document["baseline"] = {"path": str(baseline_path), "created": baseline["created"],
+                                "commit": baseline["environment"].get("commit"), **comparison}
+    json_path = args.json or Path("reports/out") / f"drift-{platform}.json"
+    html_path = args.html or Path("reports/out") / f"drift-{platform}.html"
+    if not stored or args.json:
+        write_json_atomic(json_path, document)
+    bench_path = args.bench or (DEFAULT_BENCH if DEFAULT_BENCH.exists() else None)
+    bench = json.loads(bench_path.read_text()) if bench_path else None
+    _write_text_atomic(html_path, html.render(document, comparison, bench))
+    terminal.print_summary(document, comparison, console)
+    console.print(f"wrote {json_path if not stored or args.json else ''} {html_path}", highlight=False)
+    if args.update_baseline:
+        write_json_atomic(baseline_path, document)
+        console.print(f"baseline updated: {baseline_path}", highlight=False)
+    if args.gate and comparison["regressions"]:
+        return 1
+    return 0
+
+
+def _stored_run(path: Path) -> dict:
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read the stored run {path}: {exc}") from exc
+    if not isinstance(document, dict) or document.get("schema") != results.SCHEMA:
+        raise ValueError(f"{path} is not a report of schema {results.SCHEMA!r}")
+    return document
+
+
+def sweep_now(args, console) -> dict:
     tasks = sweep.plan(args.full, args.ops, args.dtypes, args.variants, checks=not args.no_checks)
     devices = sweep.default_workers()
     if args.workers:
@@ -74,26 +110,7 @@ def main(argv=None) -> int:
         answers = sweep.run(tasks, args.impl, devices,
                             on_answer=lambda task, answer: progress.update(bar, advance=1,
                                                                            description=f"{args.impl}: {task.label}"))
-    document = results.build(tasks, answers, args.impl, args.full, environment(), time.perf_counter() - start)
-    comparison = gate.compare(document, baseline) if baseline else None
-    if comparison is not None:
-        document["baseline"] = {"path": str(baseline_path), "created": baseline["created"],
-                                "commit": baseline["environment"].get("commit"), **comparison}
-
-    json_path = args.json or Path("reports/out") / f"drift-{platform}.json"
-    html_path = args.html or Path("reports/out") / f"drift-{platform}.html"
-    write_json_atomic(json_path, document)
-    bench_path = args.bench or (DEFAULT_BENCH if DEFAULT_BENCH.exists() else None)
-    bench = json.loads(bench_path.read_text()) if bench_path else None
-    _write_text_atomic(html_path, html.render(document, comparison, bench))
-    terminal.print_summary(document, comparison, console)
-    console.print(f"wrote {json_path} and {html_path}", highlight=False)
-    if args.update_baseline:
-        write_json_atomic(baseline_path, document)
-        console.print(f"baseline updated: {baseline_path}", highlight=False)
-    if args.gate and comparison["regressions"]:
-        return 1
-    return 0
+    return results.build(tasks, answers, args.impl, args.full, environment(), time.perf_counter() - start)
 
 
 def _write_text_atomic(path: Path, text: str) -> None:

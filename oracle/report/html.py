@@ -114,7 +114,7 @@ def error_vs_columns(cells) -> str:
                         and c["layout"] == "contiguous":
                     ratio, scaled = worst.get(c["columns"], (0.0, 0.0))
                     worst[c["columns"]] = (max(ratio, m["error_ratio"]),
-                                           max(scaled, m["max_abs"] / m["truth_max_abs"] if m["truth_max_abs"] else 0.0))
+                                           max(scaled, m["max_abs"] / m["truth_max_abs"] if m.get("truth_max_abs") else 0.0))
             if not worst:
                 continue
             xs = sorted(worst)
