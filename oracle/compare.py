@@ -25,10 +25,11 @@ Note [The verdict]
     luckier on a given input is chance; a floor tied to the output's size alone would fail any
     kernel that evaluates in the other order (FlashAttention's reasoning, design.md §3).
 
-    ``sum_noise`` covers reductions whose result has so few elements that a maximum over them is a
-    single draw of the rounding noise (the dW of a one-column RMSNorm is one sum over the rows):
-    2 * sqrt(n) * u * max(sum of |terms|), the typical error of summing n terms in any order with
-    unit roundoff u of the accumulator. Specs declare which outputs are such sums (specs.py).
+    ``sum_noise`` covers results built by adding up terms, where the maximum over a handful of
+    elements is a single draw of the rounding noise (the dW of a one-column RMSNorm is one sum over
+    the rows; its dX a difference of two nearly equal terms): 2 * sqrt(n) * u * max(sum of |terms|),
+    the typical error of adding n terms in any order with the accumulator's unit roundoff u. Specs
+    declare which outputs are such sums, and their terms (specs.py).
 
 Beside the verdict: max/mean abs error, max rel error, ULP distance to h (max, p99, mean, and a
 histogram; bits reinterpreted per dtype, +0 and -0 equal, NaN vs NaN distance 0, elements with a
