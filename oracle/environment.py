@@ -67,16 +67,23 @@ def environment() -> dict:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
+    """JSON written atomically (see write_text_atomic)."""
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=_plain) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
     """Write to a temporary file beside ``path``, then rename: an interrupted run never leaves half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=1, sort_keys=True, default=_plain)
-            handle.write("\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the file from everyone else
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -98,7 +98,7 @@ def test_baseline_writes_are_atomic(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(json, "dump", interrupted)
+    monkeypatch.setattr(json, "dumps", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_json_atomic(target, {"schema": SCHEMA, "n": 2})
     assert json.loads(target.read_text()) == {"schema": SCHEMA, "n": 1}

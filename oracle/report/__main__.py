@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..cases import FLOAT_DTYPES
-from ..environment import environment, platform_key, write_json_atomic
+from ..environment import environment, platform_key, write_json_atomic, write_text_atomic
 from ..impls import ImplementationUnavailable, load
 from ..specs import SPECS
 from . import gate, html, results, sweep, terminal
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         write_json_atomic(json_path, document)
     bench_path = args.bench or (DEFAULT_BENCH if DEFAULT_BENCH.exists() else None)
     bench = json.loads(bench_path.read_text()) if bench_path else None
-    _write_text_atomic(html_path, html.render(document, comparison, bench))
+    write_text_atomic(html_path, html.render(document, comparison, bench))
     terminal.print_summary(document, comparison, console)
     console.print(f"wrote {json_path if not stored or args.json else ''} {html_path}", highlight=False)
     if args.update_baseline:
@@ -111,17 +111,6 @@ def sweep_now(args, console) -> dict:
                             on_answer=lambda task, answer: progress.update(bar, advance=1,
                                                                            description=f"{args.impl}: {task.label}"))
     return results.build(tasks, answers, args.impl, args.full, environment(), time.perf_counter() - start)
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
