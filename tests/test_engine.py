@@ -119,3 +119,11 @@ def test_liger_is_skipped_with_a_reason_when_missing():
             load("liger")
     else:
         assert load("liger").lacking() == ["swiglu_fg_kernel", "swiglu_DWf_DW_dfg_kernel"]
+
+
+def test_compile_runs_the_hf_maths_and_passes(device):
+    """--impl compile: torch.compile of the HF maths. Inductor fuses silu(e) * g into one rounding,
+    so it is not HF's bits (the cast-order slip shows in bit-identity) yet passes the ratio test."""
+    result = _run(SWIGLU, "compile", device)
+    assert result.passed, result.explain()
+    assert min(v.bit_identical for v in result.verdicts) < 1.0 or device.type == "cuda"
