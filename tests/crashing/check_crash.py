@@ -1,0 +1,18 @@
+"""Not collected by the suite (no test_ prefix): tests/test_crash.py runs it in a child pytest to
+show that a crash under xdist loses only its case, which the report then names with its repro."""
+
+from oracle.cases import Case
+from oracle.engine import run_case
+from oracle.impls import load
+
+
+def test_crashes():
+    case = Case("rms_norm", "llama", "float32", {"lead": [2], "cols": 1500}, "contiguous", "normal",
+                {"eps": 1e-6, "weight": "same"}, seed=1)
+    run_case("rms_norm", case, load("tests.broken_impls:crashes_on_wide_rows"), "cpu")
+
+
+def test_survives():
+    case = Case("rms_norm", "llama", "float32", {"lead": [2], "cols": 15}, "contiguous", "normal",
+                {"eps": 1e-6, "weight": "same"}, seed=1)
+    assert run_case("rms_norm", case, load("tests.broken_impls:crashes_on_wide_rows"), "cpu").passed
