@@ -38,16 +38,6 @@ def pytest_addoption(parser):
     group = parser.getgroup("kernel-oracle")
     group.addoption("--impl", default="kernels",
                     help="implementation under test: kernels (default), hf, compile, liger, or package.module:attr")
-    group.addoption("--run-slow", action="store_true", help="also run tests marked slow (long sweeps)")
-
-
-def pytest_collection_modifyitems(config, items):
-    if config.getoption("--run-slow"):
-        return
-    skip = pytest.mark.skip(reason="long sweep: run with --run-slow")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
