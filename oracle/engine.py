@@ -167,7 +167,7 @@ class ImplRun:
     findings: list[Finding]
 
 
-def place(spec: OpSpec, case: Case, args: dict, device, guards: list, layout: str | None = None,
+def place(spec: OpSpec, case: Case, args: dict, device, guards: list,
           sources: dict | None = None) -> tuple[dict, dict]:
     """Guarded copies of the arguments (the layout args in the case's layout), and the leaves their
     differentiable ones are copied from: gradients arrive on the leaves, layout-independent.
@@ -178,7 +178,7 @@ def place(spec: OpSpec, case: Case, args: dict, device, guards: list, layout: st
         if not isinstance(value, torch.Tensor):
             placed[name] = value
             continue
-        where = spec.layout_of(layout or case.layout, tuple(value.shape)) if name in spec.layout_args else CONTIGUOUS
+        where = spec.layout_of(case.layout, tuple(value.shape)) if name in spec.layout_args else CONTIGUOUS
         home = GuardedTensor(value.shape, value.dtype, device, where, label=name)
         guards.append(home)
         if name in spec.differentiable:
@@ -201,7 +201,7 @@ def run_impl(spec: OpSpec, case: Case, impl: Implementation, prepared: Prepared,
     # The residual branch is built before the op so that its backward runs after the op's (autograd
     # runs later-created nodes first): it then consumes the shared gradient after the op has had
     # every chance to corrupt it, as a residual stream's earlier layers do.
-    residuals = _residual_branches(spec, prepared, device) if spec.differentiable else {}
+    residuals = _residual_branches(prepared, device) if spec.differentiable else {}
     with torch.enable_grad(), rehomed_allocations() as allocations:
         outs = spec.call(fn, args)
     if len(outs) != len(spec.outputs):
@@ -229,7 +229,7 @@ def run_impl(spec: OpSpec, case: Case, impl: Implementation, prepared: Prepared,
     return ImplRun({n: t.detach() for n, t in outputs.items()}, grads, findings)
 
 
-def _residual_branches(spec: OpSpec, prepared: Prepared, device) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def _residual_branches(prepared: Prepared, device) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per output, a leaf r and the non-leaf branch a = r * 1 that the output is added to."""
     branches = {}
     for name, like in prepared.hf.outputs.items():
