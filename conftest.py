@@ -90,13 +90,9 @@ def pytest_sessionfinish(session):
     counts = {f"{op}|{dtype}": n for (op, dtype), n in engine.CASES_RUN.items()}
     if hasattr(session.config, "workeroutput"):  # an xdist worker: hand the counts to the controller
         session.config.workeroutput["oracle_counts"] = json.dumps(counts)
-        session.config.workeroutput["oracle_device"] = str(_device_used())
+        session.config.workeroutput["oracle_device"] = str(default_device())
     else:
         _totals.update(counts)
-
-
-def _device_used() -> str:
-    return str(default_device())
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -123,4 +119,4 @@ def pytest_terminal_summary(terminalreporter):
     if _worker_devices:
         write("devices: " + ", ".join(f"{w}={d}" for w, d in sorted(_worker_devices.items(), key=lambda kv: worker_index(kv[0]) or 0)))
     else:
-        write(f"device: {_device_used()}")
+        write(f"device: {default_device()}")

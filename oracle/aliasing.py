@@ -22,7 +22,7 @@ import torch
 
 from .cases import Case
 from .compare import bit_identical, judge
-from .engine import Finding, place, prepare
+from .engine import Finding, changed_findings, guard_findings, place, prepare
 from .impls import Implementation
 from .memory import GuardedTensor, Snapshot, bits, rehomed_allocations
 from .specs import OpSpec, fill, generator
@@ -39,11 +39,6 @@ def _verdict_findings(check: str, spec: OpSpec, got: dict, prepared, names) -> l
     return out
 
 
-def _guard_findings(check: str, homes: list[GuardedTensor]) -> list[Finding]:
-    return [Finding(check, home.label, "forward/backward", f"write outside the tensor at offset {hit['position']}",
-                    expected=hit["expected"], found=hit["found"]) for home in homes for hit in home.corruption()]
-
-
 def sum_loss(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
     """Backward of ``sum(op(x))``: every output's gradient is a stride-0 expanded ones tensor."""
     prepared = prepare(spec, case, device, upstream_fn=lambda c, n, out: torch.ones_like(out))
@@ -54,7 +49,7 @@ def sum_loss(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Fin
         sum(out.sum() for out in outs).backward()
     got = {"d" + n: leaf.grad for n, leaf in leaves.items()}
     return _verdict_findings("sum-loss", spec, got, prepared, spec.grad_names()) + \
-        _guard_findings("sum-loss", guards + allocations)
+        guard_findings("sum-loss", guards + allocations)
 
 
 def shared_input(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
@@ -86,7 +81,7 @@ def shared_input(spec: OpSpec, case: Case, impl: Implementation, device) -> list
                                     "consumer's backward read it"))
     got = {"d" + n: leaf.grad for n, leaf in leaves.items()}
     return findings + _verdict_findings("shared-input", spec, got, prepared, spec.grad_names()) + \
-        _guard_findings("shared-input", guards)
+        guard_findings("shared-input", guards)
 
 
 def retain_graph(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
@@ -137,10 +132,9 @@ def fused_views(spec: OpSpec, case: Case, impl: Implementation, device) -> list[
     if spec.differentiable:
         fused_grads = spec.fusion.views(fused_leaf.grad, shapes)
         got |= {"d" + n: fused_grads[n] if n in spec.layout_args else leaves[n].grad for n in spec.differentiable}
-    findings = [Finding("views", name, "forward/backward", f"changed ({d['count']} element(s))", d["index"],
-                        d["expected"], d["found"]) for name, d in untouched.changed().items()]
+    findings = changed_findings(untouched, "views", "forward/backward", "changed")
     return findings + _verdict_findings("views", spec, got, prepared, spec.compared()) + \
-        _guard_findings("views", [home] + allocations)
+        guard_findings("views", [home] + allocations)
 
 
 def version_counter(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:

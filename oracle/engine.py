@@ -207,7 +207,7 @@ def run_impl(spec: OpSpec, case: Case, impl: Implementation, prepared: Prepared,
     if len(outs) != len(spec.outputs):
         raise TypeError(f"{spec.name} returned {len(outs)} value(s), the contract has {len(spec.outputs)}")
     outputs = dict(zip(spec.outputs, outs))
-    findings += _changed(watched, "snapshot", "forward", "changed but is not declared in CLOBBERS")
+    findings += changed_findings(watched, "snapshot", "forward", "changed but is not declared in CLOBBERS")
     findings += _buffers_hold(spec, args, outputs)
     forward_bits = {n: bits(t).clone() for n, t in outputs.items()}
 
@@ -215,13 +215,9 @@ def run_impl(spec: OpSpec, case: Case, impl: Implementation, prepared: Prepared,
     if spec.differentiable:
         grads, backward_findings = _backward(spec, outputs, residuals, leaves, prepared, device, guards, allocations)
         findings += backward_findings
-        findings += _changed(watched, "snapshot", "backward", "changed during backward but is not declared in CLOBBERS")
+        findings += changed_findings(watched, "snapshot", "backward", "changed during backward but is not declared in CLOBBERS")
 
-    for home in guards + allocations:
-        for hit in home.corruption():
-            findings.append(Finding("guard-band", home.label, "forward/backward",
-                                    f"write outside the tensor's elements at offset {hit['position']}",
-                                    expected=hit["expected"], found=hit["found"]))
+    findings += guard_findings("guard-band", guards + allocations)
     # Judge the outputs as they were right after forward (backward must not have touched them either).
     for name, out in outputs.items():
         if not torch.equal(bits(out), forward_bits[name]):
@@ -257,7 +253,7 @@ def _backward(spec, outputs, residuals, leaves, prepared, device, guards, alloca
         with rehomed_allocations() as more:
             torch.autograd.backward(z, [upstream[n] for n in outputs])
         allocations.extend(more)
-    findings += _changed(incoming, "incoming-gradient", "backward", "the gradient handed to backward was overwritten")
+    findings += changed_findings(incoming, "incoming-gradient", "backward", "the gradient handed to backward was overwritten")
     for name, grad, before in captured:
         if not torch.equal(bits(grad), before):
             findings.append(Finding("incoming-gradient", "d" + name, "backward",
@@ -270,7 +266,14 @@ def _backward(spec, outputs, residuals, leaves, prepared, device, guards, alloca
     return grads, findings
 
 
-def _changed(snapshot: Snapshot, check: str, phase: str, message: str) -> list[Finding]:
+def guard_findings(check: str, homes: list[GuardedTensor]) -> list[Finding]:
+    """A Finding for every sentinel byte outside a guarded tensor that a write changed."""
+    return [Finding(check, home.label, "forward/backward", f"write outside the tensor's elements at offset {hit['position']}",
+                    expected=hit["expected"], found=hit["found"]) for home in homes for hit in home.corruption()]
+
+
+def changed_findings(snapshot: Snapshot, check: str, phase: str, message: str) -> list[Finding]:
+    """A Finding for every snapshotted tensor whose bits changed, with the first changed element."""
     return [Finding(check, name, phase, f"{message} ({d['count']} element(s))", d["index"], d["expected"], d["found"])
             for name, d in snapshot.changed().items()]
 

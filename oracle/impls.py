@@ -105,9 +105,7 @@ def _liger():
 
     def rope(Q, K, cos, sin, position_ids=None):
         # Liger takes the gathered rows, as HF's rotary embedding returns them: (batch, seq, head_dim).
-        if position_ids is None:
-            position_ids = torch.arange(Q.shape[2], device=Q.device).expand(Q.shape[0], -1)
-        return LigerRopeFunction.apply(Q, K, cos[position_ids].to(Q.dtype), sin[position_ids].to(Q.dtype))
+        return LigerRopeFunction.apply(Q, K, *R.table_rows(Q, cos, sin, position_ids))
 
     return SimpleNamespace(rms_norm=rms_norm, rope=rope, swiglu=lambda e, g: LigerSiLUMulFunction.apply(e, g))
 

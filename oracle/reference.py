@@ -173,7 +173,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
     return q_embed, k_embed
 
 
-def _table_rows(Q, cos, sin, position_ids):
+def table_rows(Q, cos, sin, position_ids):
+    """Each token's cos and sin rows, cast to Q's dtype: what HF's rotary embedding returns."""
     if position_ids is None:
         position_ids = torch.arange(Q.shape[2], device=Q.device).expand(Q.shape[0], -1)
     return cos[position_ids].to(Q.dtype), sin[position_ids].to(Q.dtype)
@@ -184,13 +185,13 @@ def rope(Q, K, cos, sin, position_ids=None, compute=None):
 
     ``compute`` is accepted for symmetry; HF computes RoPE in the model dtype itself.
     """
-    c, s = _table_rows(Q, cos, sin, position_ids)
+    c, s = table_rows(Q, cos, sin, position_ids)
     return apply_rotary_pos_emb(Q, K, c, s)
 
 
 def rope_reordered(Q, K, cos, sin, position_ids=None, compute=torch.float32):
     """Same rotation with one rounding: each output computed in fp32 (or wider) and cast once."""
-    c, s = _table_rows(Q, cos, sin, position_ids)
+    c, s = table_rows(Q, cos, sin, position_ids)
     wide = torch.promote_types(compute, Q.dtype)
     c, s = c.to(wide).unsqueeze(1), s.to(wide).unsqueeze(1)
     return tuple((x.to(wide) * c + rotate_half(x.to(wide)) * s).to(x.dtype) for x in (Q, K))
