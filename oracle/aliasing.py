@@ -21,18 +21,17 @@ from collections.abc import Callable
 import torch
 
 from .cases import Case
-from .compare import bit_identical, judge
-from .engine import Finding, changed_findings, guard_findings, place, prepare
+from .compare import bit_identical
+from .engine import COVERAGE, Finding, changed_findings, guard_findings, place, prepare
 from .impls import Implementation
 from .memory import GuardedTensor, Snapshot, bits, rehomed_allocations
 from .specs import OpSpec, fill, generator
 
 
 def _verdict_findings(check: str, spec: OpSpec, got: dict, prepared, names) -> list[Finding]:
-    hf, truth, reordered = prepared.hf.tensors(), prepared.truth.tensors(), prepared.reordered.tensors()
     out = []
     for name in names:
-        v = judge(name, got[name], hf[name], truth[name], reordered.get(name), prepared.sum_noise.get(name, 0.0))
+        v = prepared.judge(name, got[name])
         if not v.passed:
             out.append(Finding(check, name, "forward" if name in spec.outputs else "backward",
                                f"wrong result: {v.reason}", v.worst.get("index"), v.worst.get("h"), v.worst.get("k")))
@@ -184,6 +183,7 @@ def applicable(spec: OpSpec) -> list[str]:
 def run_check(name: str, spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
     """One check; an exception inside it is itself a finding (with the traceback's last lines)."""
     check, _ = CHECKS[name]
+    COVERAGE[("check", spec.name, case.variant, case.dtype, name)] += 1
     try:
         return check(spec, case, impl, device)
     except Exception:  # noqa: BLE001 - report, do not lose the other checks

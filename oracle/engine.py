@@ -25,15 +25,18 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import reference as R
-from .cases import Case
+from .cases import Case, past_tiles
 from .compare import TensorVerdict, judge, summation_noise
 from .impls import Implementation
-from .memory import CONTIGUOUS, GuardedTensor, Snapshot, bits, rehomed_allocations
+from .memory import BROADCAST_ROWS, CONTIGUOUS, GuardedTensor, Layout, Snapshot, bits, copy_into, rehomed_allocations
 from .specs import SPECS, OpSpec, upstream_gradient
 
 
 # Cases run in this process, by (op, dtype): the test session prints them at the end.
 CASES_RUN: Counter = Counter()
+# What those cases and the aliasing checks covered, for the session's coverage summary:
+# ("case", op, variant, dtype, layout, grad_layout, values, past tiles) and ("check", op, variant, dtype, check).
+COVERAGE: Counter = Counter()
 # Called with (case, impl name) before a case runs and (None, None) after, so that a crash that
 # kills the process can still be traced to its case (conftest.py records it for xdist).
 INFLIGHT_HOOKS: list[Callable] = []
@@ -141,6 +144,12 @@ class Prepared:
     truth: Evaluation
     reordered: Evaluation
     sum_noise: dict[str, float]  # compare.summation_noise per summed tensor
+    element_noise: dict[str, torch.Tensor]  # the spec's noise model per compared tensor
+
+    def judge(self, name: str, got: torch.Tensor) -> TensorVerdict:
+        """The verdict on one compared tensor of an implementation (compare.judge)."""
+        return judge(name, got, self.hf.tensors()[name], self.truth.tensors()[name],
+                     self.reordered.tensors().get(name), self.sum_noise.get(name, 0.0), self.element_noise[name])
 
 
 def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient) -> Prepared:
@@ -154,7 +163,8 @@ def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient) -> 
     reordered = evaluate(spec, spec.reference_reordered, args, upstream, compute=torch.float32)
     accumulator = torch.float64 if case.dtype == "float64" else torch.float32
     sum_noise = {name: summation_noise(*terms(args, upstream), accumulator) for name, terms in spec.summed.items()}
-    return Prepared(args, upstream, hf, truth, reordered, sum_noise)
+    element_noise = {name: model(args, upstream) for name, model in spec.noise.items()}
+    return Prepared(args, upstream, hf, truth, reordered, sum_noise, element_noise)
 
 
 # --- the implementation -------------------------------------------------------------------------
@@ -213,7 +223,7 @@ def run_impl(spec: OpSpec, case: Case, impl: Implementation, prepared: Prepared,
 
     grads = {}
     if spec.differentiable:
-        grads, backward_findings = _backward(spec, outputs, residuals, leaves, prepared, device, guards, allocations)
+        grads, backward_findings = _backward(spec, case, outputs, residuals, leaves, prepared, device, guards, allocations)
         findings += backward_findings
         findings += changed_findings(watched, "snapshot", "backward", "changed during backward but is not declared in CLOBBERS")
 
@@ -235,7 +245,14 @@ def _residual_branches(prepared: Prepared, device) -> dict[str, tuple[torch.Tens
     return branches
 
 
-def _backward(spec, outputs, residuals, leaves, prepared, device, guards, allocations):
+def gradient_layout(spec: OpSpec, case: Case, shape: tuple[int, ...]) -> Layout:
+    """Where the gradient of an output sits in memory, per the case's gradient layout."""
+    if case.grad_layout == "broadcast":
+        return BROADCAST_ROWS
+    return spec.layout_of(case.grad_layout, shape)
+
+
+def _backward(spec, case, outputs, residuals, leaves, prepared, device, guards, allocations):
     """Backward through ``z = a + y`` per output: the op and the residual branch a share one
     incoming gradient, which must stay intact for a."""
     findings = []
@@ -243,9 +260,10 @@ def _backward(spec, outputs, residuals, leaves, prepared, device, guards, alloca
     for name, out in outputs.items():
         if not out.requires_grad:
             raise TypeError(f"{spec.name}'s output {name} does not require grad; autograd cannot reach the inputs")
-        home = GuardedTensor(out.shape, out.dtype, device, label="d" + name)
+        home = GuardedTensor(out.shape, out.dtype, device, gradient_layout(spec, case, tuple(out.shape)), label="d" + name)
         guards.append(home)
-        upstream[name] = home.tensor.copy_(prepared.upstream[name])
+        with torch.no_grad():
+            upstream[name] = copy_into(home.tensor, prepared.upstream[name])
         out.register_hook(lambda g, n=name: captured.append((n, g, bits(g).clone())))
     incoming = Snapshot({"d" + n: t for n, t in upstream.items()})
     with torch.enable_grad():
@@ -294,11 +312,11 @@ def _buffers_hold(spec: OpSpec, args: dict, outputs: dict) -> list[Finding]:
 
 def judge_all(spec: OpSpec, prepared: Prepared, run: ImplRun) -> tuple[list[TensorVerdict], list[Finding]]:
     got = {**run.outputs, **run.grads}
-    hf, truth, reordered = prepared.hf.tensors(), prepared.truth.tensors(), prepared.reordered.tensors()
+    hf = prepared.hf.tensors()
     verdicts, findings = [], []
     for name in spec.compared():
         k, h = got[name], hf[name]
-        verdicts.append(judge(name, k, h, truth[name], reordered.get(name), prepared.sum_noise.get(name, 0.0)))
+        verdicts.append(prepared.judge(name, k))
         unwritten = int((k.isnan() & ~h.to(k.device).isnan()).sum()) if k.shape == h.shape else 0
         if unwritten:
             findings.append(Finding("unwritten", name, "forward" if name in spec.outputs else "backward",
@@ -330,5 +348,7 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
     for hook in INFLIGHT_HOOKS:
         hook(None, None)
     CASES_RUN[(case.op, case.dtype)] += 1
+    COVERAGE[("case", case.op, case.variant, case.dtype, case.layout, case.grad_layout, case.values,
+              past_tiles(case))] += 1
     result.seconds = time.perf_counter() - start
     return result

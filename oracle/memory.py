@@ -41,8 +41,11 @@ class Layout:
     order: tuple[int, ...] | None = None  # logical dims from outermost to innermost stored; None = as is
     pad: int = 0  # extra elements after each innermost row (strided rows)
     offset: int = 0  # elements skipped before the first element (a slice's storage offset)
+    broadcast: bool = False  # every dim but the last has stride 0: all rows share one row's storage
 
     def strides(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if self.broadcast:
+            return tuple(0 for _ in shape[:-1]) + tuple(1 for _ in shape[-1:])
         order = self.order if self.order is not None else tuple(range(len(shape)))
         strides = [0] * len(shape)
         step = 1
@@ -53,6 +56,17 @@ class Layout:
 
 
 CONTIGUOUS = Layout()
+BROADCAST_ROWS = Layout(broadcast=True)
+
+
+def copy_into(target: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``target.copy_(values)``, also where target's rows share storage (stride 0): then the values'
+    rows are equal by construction and one of them is written."""
+    if 0 in target.stride()[:-1] and target.dim() > 1:
+        index = tuple(0 if stride == 0 else slice(None) for stride in target.stride()[:-1])
+        target[index].copy_(values[index])
+        return target
+    return target.copy_(values)
 
 
 class GuardedTensor:

@@ -206,8 +206,11 @@ def swiglu(e: torch.Tensor, g: torch.Tensor, compute=None) -> torch.Tensor:
 
 
 def swiglu_reordered(e, g, compute=torch.float32):
-    """silu as e * sigmoid(e) in the compute dtype, rounded once, then times g."""
-    return (e.to(compute) * torch.sigmoid(e.to(compute))).to(e.dtype) * g
+    """silu as e * sigmoid(e) in the compute dtype, rounded once, then times g. ``e`` is upcast once,
+    so autograd sums the two paths of de in the compute dtype and rounds once, as silu's own
+    backward does (upcasting it twice would round each path to e's dtype before summing)."""
+    wide = e.to(compute)
+    return (wide * torch.sigmoid(wide)).to(e.dtype) * g
 
 
 @mirrors("transformers.models.llama.modeling_llama.LlamaMLP.forward")

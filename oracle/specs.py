@@ -57,6 +57,8 @@ class OpSpec:
 
     # --- drawing cases and making their tensors
     cases: Callable[..., st.SearchStrategy[Case]]  # (budget, dtypes) -> strategy
+    stratified: Callable[[str, C.Budget], list[Case]]  # (dtype, budget) -> cases covering every variant,
+    # layout, gradient layout and kind of values, short and long: run as @example in every test run
     make_args: Callable[[Case, torch.device], dict]  # contiguous, detached values by argument name
     layout_args: tuple[str, ...]  # arguments placed in the case's layout
     layout_of: Callable[[str, tuple[int, ...]], Layout]  # (layout name, shape) -> Layout
@@ -71,6 +73,15 @@ class OpSpec:
     # Compared tensors that are sums over many terms (compare.summation_noise): name ->
     # (float64 args, float64 upstream) -> (sum of |terms| per element, number of terms)
     summed: dict[str, Callable[[dict, dict], tuple[torch.Tensor, int]]] = field(default_factory=dict)
+    # Per compared tensor, the rounding noise of HF's evaluation at each element (float64, broadcastable
+    # to the tensor), from its error analysis: (args, upstream) -> noise. Every compared tensor needs
+    # one: it is what the per-element and distribution judgements measure against (compare.py).
+    noise: dict[str, Callable[[dict, dict], torch.Tensor]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        missing = set(self.compared()) - set(self.noise)
+        if missing:
+            raise ValueError(f"spec {self.name}: no noise model for {sorted(missing)} (see compare.py)")
 
     def grad_names(self) -> tuple[str, ...]:
         return tuple("d" + name for name in self.differentiable)
@@ -112,8 +123,35 @@ def fill(shape, dtype: torch.dtype, kind: str, gen: torch.Generator, device) -> 
 
 
 def upstream_gradient(case: Case, name: str, like: torch.Tensor) -> torch.Tensor:
-    """The gradient fed to backward for output ``name``: normal values, seeded, in the output's dtype."""
-    return fill(tuple(like.shape), like.dtype, "normal", generator(case, "d" + name), like.device)
+    """The gradient fed to backward for output ``name``: normal values, seeded, in the output's dtype.
+    For a row-broadcast gradient layout every row holds the same values (materialised here; the
+    engine hands backward the stride-0 view)."""
+    shape = tuple(like.shape)
+    if case.grad_layout == "broadcast" and len(shape) > 1:
+        row = fill(shape[-1:], like.dtype, "normal", generator(case, "d" + name), like.device)
+        return row.expand(shape).contiguous()
+    return fill(shape, like.dtype, "normal", generator(case, "d" + name), like.device)
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u: the largest relative error of rounding to ``dtype`` (half its epsilon)."""
+    return torch.finfo(dtype).eps / 2
+
+
+def rounding_error(magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The most that rounding values of this magnitude to ``dtype`` can lose: u |v| while they are
+    normal numbers, and half the subnormal spacing where they underflow."""
+    info = torch.finfo(dtype)
+    return unit_roundoff(dtype) * magnitude + info.smallest_normal * info.eps / 2
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What HF upcasts to: float32, or float64 for float64 inputs."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(torch.float64)
 
 
 def _layout_last_two(layout: str, shape: tuple[int, ...]) -> Layout:
@@ -175,6 +213,71 @@ def _rms_norm_dX_terms(args: dict, upstream: dict) -> tuple[torch.Tensor, int]:
     return ((r * g).abs() + second.abs()).reshape(-1, x.shape[-1]), 3
 
 
+class _RmsNormParts:
+    """RMSNorm's float64 intermediates and unit roundoffs, shared by its noise models.
+
+    Error analysis of HF's evaluation (reference.llama_rms_norm / gemma_rms_norm and their autograd):
+    - 1/rms: a sum of n squares in the compute dtype (relative error ~ sqrt(n) u_c typically, n u_c at
+      worst) and an rsqrt (correctly rounded on the CPU, ~2 ULPs on a GPU's approximate rsqrt):
+      ``rho = u_c * (2 sqrt(n) + 4)`` relative, shared by every element of the row.
+    - Llama rounds normed to X's dtype before scaling by W (u_x), and its autograd forms
+      g = dY * W in X's dtype (u_x again); Gemma keeps both in the compute dtype (u_c).
+    """
+
+    def __init__(self, args: dict, upstream: dict):
+        X, W = args["X"], args["W"]
+        self.gemma = bool(args["gemma"])
+        self.n = X.shape[-1]
+        self.u_x, self.u_c = unit_roundoff(X.dtype), unit_roundoff(compute_dtype(X.dtype))
+        self.u_y = unit_roundoff(torch.promote_types(X.dtype, W.dtype))  # Llama's product W * normed
+        x, w = _wide(X), _wide(W)
+        self.r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + args["eps"])
+        self.normed = x * self.r
+        self.scale = 1.0 + w if self.gemma else w
+        self.rho = self.u_c * (2 * math.sqrt(self.n) + 4)
+        self.dy = _wide(upstream["Y"]) if "Y" in upstream else None
+        self.x_dtype, self.y_dtype = X.dtype, torch.promote_types(X.dtype, W.dtype)
+
+
+def _rms_norm_noise_Y(args: dict, upstream: dict) -> torch.Tensor:
+    """|Y| times 1/rms's relative error and the product's rounding in the compute dtype, plus
+    (Llama) normed rounded to X's dtype before it is scaled by W."""
+    p = _RmsNormParts(args, upstream)
+    noise = (p.rho + p.u_c) * (p.normed * p.scale).abs()
+    return noise if p.gemma else noise + rounding_error(p.normed.abs(), p.x_dtype) * p.scale.abs()
+
+
+def _rms_norm_noise_dX(args: dict, upstream: dict) -> torch.Tensor:
+    """dX = r g - normed r mean(g normed), g = dY * W: both terms' magnitudes times 1/rms's relative
+    error and the row mean's summation noise (sqrt(n) u_c), plus (Llama) g's rounding to X's dtype
+    carried through both terms. Under cancellation (one or two columns) the terms' scale, not dX's,
+    is the room."""
+    p = _RmsNormParts(args, upstream)
+    g = p.dy * p.scale
+    first = (p.r * g).abs()
+    second = p.normed.abs() * p.r * (g * p.normed).abs().mean(-1, keepdim=True)
+    noise = (p.rho + p.u_c * (math.sqrt(p.n) + 2)) * (first + second)
+    if p.gemma:
+        return noise
+    g_err = rounding_error(g.abs(), p.x_dtype)
+    return noise + p.r * g_err + p.normed.abs() * p.r * (g_err * p.normed.abs()).mean(-1, keepdim=True)
+
+
+def _rms_norm_noise_dW(args: dict, upstream: dict) -> torch.Tensor:
+    """dW_j = sum over rows of dY * normed: each term's rounding (Llama: normed to X's dtype, then the
+    product in Y's dtype; Gemma: the product in the compute dtype), 1/rms's relative error, and the
+    sum's noise (2 sqrt(m) u_c for m rows in any order), summed over the rows."""
+    p = _RmsNormParts(args, upstream)
+    terms = (p.dy * p.normed).abs()
+    if p.gemma:
+        per_term = 2 * p.u_c * terms
+    else:
+        per_term = p.dy.abs() * rounding_error(p.normed.abs(), p.x_dtype) + rounding_error(terms, p.y_dtype)
+    rows = terms.numel() // p.n
+    total = terms.reshape(-1, p.n).sum(0)
+    return per_term.reshape(-1, p.n).sum(0) + (p.rho + 2 * math.sqrt(rows) * p.u_c) * total
+
+
 def _rms_norm_call(fn, a):
     return (fn(a["X"], a["W"], a["eps"], a["gemma"]),)
 
@@ -219,12 +322,13 @@ RMS_NORM = OpSpec(
     summary="LlamaRMSNorm / GemmaRMSNorm over the last dim; Y, dX, dW",
     arg_names=("X", "W", "eps", "gemma"), call=_rms_norm_call, outputs=("Y",), differentiable=("X", "W"),
     reference=R.rms_norm, reference_reordered=R.rms_norm_reordered,
-    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.rms_norm_cases(budget, dtypes),
+    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.rms_norm_cases(budget, dtypes), stratified=C.rms_norm_stratified,
     make_args=_rms_norm_args, layout_args=("X",), layout_of=_layout_last_two, sweep=_rms_norm_sweep,
     gradcheck_case=Case("rms_norm", "llama", "float64", {"lead": [2, 3], "cols": 5}, "transposed", "normal",
                         {"eps": 1e-6, "weight": "same"}, seed=1),
     error_inputs=_rms_norm_errors,
     summed={"dW": _rms_norm_dW_terms, "dX": _rms_norm_dX_terms},
+    noise={"Y": _rms_norm_noise_Y, "dX": _rms_norm_noise_dX, "dW": _rms_norm_noise_dW},
     regressions=(
         # One column: dX ~ eps/x^2 is a small difference of O(1) terms; HF's autograd order happened
         # to be 13x more accurate than the closed form here. The verdict's floor must cover it.
@@ -282,6 +386,31 @@ def _rope_args(case: Case, device) -> dict:
     return {"Q": Q, "K": K, "cos": cos.to(device), "sin": sin.to(device), "position_ids": positions}
 
 
+def _rope_noise(tensor: str, backward: bool) -> Callable[[dict, dict], torch.Tensor]:
+    """HF rotates in the model dtype d: the table rows are rounded to d, each of the two products
+    x c and rotate_half(x) s is rounded to d, then their sum (the final rounding, ulp(t)). So the
+    noise is 2 u_d at the scale of the two products, which is what lets an output that is a small
+    difference of two large products differ from the truth by their rounding. Backward is the same
+    rotation with -sin applied to the incoming gradient."""
+    def noise(args: dict, upstream: dict) -> torch.Tensor:
+        Q = args["Q"]
+        c, s = R.table_rows(Q, args["cos"], args["sin"], args["position_ids"])  # in Q's dtype: as HF rounds them
+        c, s = _wide(c).unsqueeze(1), _wide(s).unsqueeze(1)
+        d = Q.dtype
+        if backward:
+            x = _wide(upstream[tensor])
+            half = x.shape[-1] // 2
+            rotated = torch.cat((x[..., half:], x[..., :half]), -1)  # rotate_half's transpose, up to sign
+            s = torch.cat((s[..., half:], s[..., :half]), -1)  # the sin each of those elements was scaled by
+        else:
+            x = _wide(args[tensor])
+            rotated = R.rotate_half(x)
+        table = x.abs() * rounding_error(c.abs(), d) + rotated.abs() * rounding_error(s.abs(), d)
+        return table + rounding_error((x * c).abs(), d) + rounding_error((rotated * s).abs(), d)
+
+    return noise
+
+
 def _rope_call(fn, a):
     return tuple(fn(a["Q"], a["K"], a["cos"], a["sin"], a["position_ids"]))
 
@@ -337,12 +466,14 @@ ROPE = OpSpec(
     summary="apply_rotary_pos_emb on Q and K, table rows per token (packed sequences); Q, K, dQ, dK",
     arg_names=("Q", "K", "cos", "sin", "position_ids"), call=_rope_call, outputs=("Q_out", "K_out"),
     differentiable=("Q", "K"), reference=R.rope, reference_reordered=R.rope_reordered,
-    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.rope_cases(budget, dtypes),
+    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.rope_cases(budget, dtypes), stratified=C.rope_stratified,
     make_args=_rope_args, layout_args=("Q", "K"), layout_of=_layout_bshd, sweep=_rope_sweep, fusion=FUSE_HEADS,
     gradcheck_case=Case("rope", "packed", "float64", {"batch": 2, "heads": 3, "kv_heads": 1, "seq": 3, "head_dim": 6,
                                                       "max_pos": 8}, "transposed", "normal",
                         {"theta": 10000.0, "rope_type": "default", "table": "float32"}, seed=1),
     error_inputs=_rope_errors,
+    noise={"Q_out": _rope_noise("Q", False), "K_out": _rope_noise("K", False),
+           "dQ": _rope_noise("Q_out", True), "dK": _rope_noise("K_out", True)},
 )
 
 
@@ -358,6 +489,54 @@ def _elementwise_args(names: tuple[str, ...]) -> Callable[[Case, torch.device], 
                 for name in names}
 
     return make
+
+
+class _SwigluParts:
+    """SwiGLU's float64 intermediates and unit roundoffs, shared by its noise models.
+
+    Error analysis of HF's evaluation (F.silu(e) * g and its autograd): silu is evaluated in the
+    compute dtype (exp, a division: a few u_c) and rounded to the model dtype d (u_d); the product
+    with g is the final rounding. Autograd forms dh * g in d (u_d), then silu's derivative
+    s (1 + e (1 - s)) in the compute dtype (a few u_c more) and rounds the product.
+    """
+
+    def __init__(self, args: dict, upstream: dict, incoming: str):
+        e = _wide(args["e"])
+        self.g = _wide(args["g"])
+        self.dtype = args["e"].dtype
+        compute = compute_dtype(self.dtype)
+        self.u_c = unit_roundoff(compute)
+        # exp(-e) overflows the compute dtype below e ~ -88 (fp32): sigmoid flushes to 0, losing up to
+        # the compute dtype's smallest normal number, times |e| in silu and its slope.
+        self.flushed = torch.finfo(compute).smallest_normal * (1 + e.abs())
+        self.sig = torch.sigmoid(e)
+        self.f = e * self.sig
+        self.silu_slope = self.sig * (1 + e.abs() * (1 - self.sig))  # |terms| of silu'(e)
+        # 1 - s is formed from the rounded s: an absolute error of u_c, times |e| s in the slope
+        self.slope_noise = self.u_c * (8 * self.silu_slope + 2 * e.abs() * self.sig)
+        # the incoming gradient: upstream's for the autograd op, the DW argument for the raw backward
+        incoming = upstream.get(incoming, args.get(incoming))
+        self.dh = _wide(incoming) if incoming is not None else None
+
+
+def _swiglu_noise(tensor: str, incoming: str = "h") -> Callable[[dict, dict], torch.Tensor]:
+    """h = f g and the gradient of g, dh f: f rounded to d after a few u_c. The gradient of e,
+    dh g silu'(e): dh g rounded to d, the slope's terms in the compute dtype."""
+    def noise(args: dict, upstream: dict) -> torch.Tensor:
+        p = _SwigluParts(args, upstream, incoming)
+        if tensor in ("h", "dg"):
+            other = p.g if tensor == "h" else p.dh
+            f_err = rounding_error(p.f.abs(), p.dtype) + 4 * p.u_c * p.f.abs() + p.flushed
+            return other.abs() * f_err
+        dh_g = (p.dh * p.g).abs()
+        return rounding_error(dh_g, p.dtype) * p.silu_slope + (p.slope_noise + p.flushed) * dh_g
+
+    return noise
+
+
+_SWIGLU_NOISE = {"h": _swiglu_noise("h"), "de": _swiglu_noise("de"), "dg": _swiglu_noise("dg")}
+# The raw backward's df is the gradient of g and de of e, for the incoming gradient DW.
+_RAW_BACKWARD_NOISE = {"h": _swiglu_noise("h", "DW"), "df": _swiglu_noise("dg", "DW"), "de": _swiglu_noise("de", "DW")}
 
 
 def _elementwise_sweep(op: str) -> Callable[[bool], list[Case]]:
@@ -405,10 +584,11 @@ SWIGLU = OpSpec(
     arg_names=("e", "g"), call=lambda fn, a: (fn(a["e"], a["g"]),), outputs=("h",), differentiable=("e", "g"),
     reference=R.swiglu, reference_reordered=R.swiglu_reordered,
     cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.swiglu_cases(budget, "swiglu", dtypes),
+    stratified=C.swiglu_stratified("swiglu"),
     make_args=_elementwise_args(("e", "g")), layout_args=("e", "g"), layout_of=_layout_last_two,
     sweep=_elementwise_sweep("swiglu"),
     gradcheck_case=Case("swiglu", "default", "float64", {"shape": [3, 7]}, "transposed", "normal", {}, seed=1),
-    error_inputs=_swiglu_errors(("e", "g"), raw=False),
+    error_inputs=_swiglu_errors(("e", "g"), raw=False), noise=_SWIGLU_NOISE,
 )
 
 SWIGLU_FG = OpSpec(
@@ -416,8 +596,10 @@ SWIGLU_FG = OpSpec(
     arg_names=("e", "g"), call=lambda fn, a: (fn(a["e"], a["g"]),), outputs=("h",), differentiable=(),
     reference=R.swiglu, reference_reordered=R.swiglu_reordered,
     cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.swiglu_cases(budget, "swiglu_fg_kernel", dtypes),
+    stratified=C.swiglu_stratified("swiglu_fg_kernel"),
     make_args=_elementwise_args(("e", "g")), layout_args=(), layout_of=_layout_last_two,
     sweep=_elementwise_sweep("swiglu_fg_kernel"), error_inputs=_swiglu_errors(("e", "g"), raw=True),
+    noise={"h": _SWIGLU_NOISE["h"]},
 )
 
 SWIGLU_BACKWARD = OpSpec(
@@ -426,10 +608,11 @@ SWIGLU_BACKWARD = OpSpec(
     arg_names=("DW", "e", "g"), call=lambda fn, a: tuple(fn(a["DW"], a["e"], a["g"])), outputs=("h", "df", "de"),
     differentiable=(), reference=R.swiglu_lora_backward, reference_reordered=R.swiglu_lora_backward_reordered,
     cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.swiglu_cases(budget, "swiglu_DWf_DW_dfg_kernel", dtypes),
+    stratified=C.swiglu_stratified("swiglu_DWf_DW_dfg_kernel"),
     make_args=_elementwise_args(("DW", "e", "g")), layout_args=(), layout_of=_layout_last_two,
     sweep=_elementwise_sweep("swiglu_DWf_DW_dfg_kernel"),
     buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"},
-    error_inputs=_swiglu_errors(("DW", "e", "g"), raw=True),
+    error_inputs=_swiglu_errors(("DW", "e", "g"), raw=True), noise=_RAW_BACKWARD_NOISE,
 )
 
 SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (RMS_NORM, ROPE, SWIGLU, SWIGLU_FG, SWIGLU_BACKWARD)}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from oracle import reference as R
-from oracle.compare import bit_identical, judge, summation_noise, ulp_distance, ulp_of
+from oracle.compare import bit_identical, judge, summation_noise, ulp_distance, ulp_of, ulps_of
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 _INT = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
@@ -154,3 +154,79 @@ def test_summation_noise():
     noise = summation_noise(terms, 16, torch.float32)
     assert noise == pytest.approx(2 * 4 * 2.0**-24 * 4.0)
     assert summation_noise(torch.empty(0), 3, torch.float32) == 0.0
+
+
+# --- the per-element and distribution judgements (Note [The per-element judgement], [...distribution...])
+
+
+def _bf16_case(seed: int = 0, n: int = 4096):
+    """A bf16 result rounded once from its float64 truth, as HF's maths does: noise-free terms."""
+    gen = torch.Generator().manual_seed(seed)
+    t = torch.randn(n, generator=gen, dtype=torch.float64) * torch.rand(n, generator=gen, dtype=torch.float64)
+    return t, t.bfloat16(), torch.zeros(n, dtype=torch.float64)
+
+
+def test_ulps_of_matches_ulp_of_per_element():
+    values = [1.0, 3.0, 1e-3, 6e-8, 0.0, -2.5, 1e30]
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        got = ulps_of(torch.tensor(values, dtype=torch.float64), dtype)
+        assert got.tolist() == [ulp_of(v, dtype) for v in values], dtype
+
+
+def test_hf_itself_and_an_equally_accurate_order_pass_all_three():
+    """Gemma's cast order used for Llama (scale in fp32, round once): as accurate as HF, other bits.
+    Judged with the spec's own noise model, it passes every judgement; it shows as drift only."""
+    from oracle.specs import SPECS
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 256, generator=gen).bfloat16()
+    w = (1 + 0.1 * torch.randn(256, generator=gen)).bfloat16()
+    noise = SPECS["rms_norm"].noise["Y"]({"X": x, "W": w, "eps": 1e-6, "gemma": False}, {})
+    h, t = R.llama_rms_norm(x, w, 1e-6), R.truth(R.llama_rms_norm, x, w, 1e-6)
+    assert judge("Y", h.clone(), h, t, element_noise=noise).passed
+    v = judge("Y", _llama_norm(x, w, 1e-6, cast_then_scale=False), h, t, element_noise=noise)
+    assert v.passed, v.reason
+    assert v.bit_identical < 0.95 and v.mean_error <= v.hf_mean_error
+
+
+def test_small_elements_zeroed_fail_per_element_though_the_max_norm_passes():
+    """SwiGLU's "flush |h| < 0.1 to zero": the largest elements are untouched, so max|k - t| stays
+    below one ULP of the largest value; judged at their own scale the zeroed elements are far off."""
+    t, h, noise = _bf16_case(1)
+    k = torch.where(h.abs() < 0.01, torch.zeros_like(h), h)
+    max_norm_only = judge("h", k, h, t)
+    assert max_norm_only.passed  # the old verdict's blind spot
+    v = judge("h", k, h, t, element_noise=noise)
+    assert not v.passed and v.element_failures > 0 and "own value" in v.reason and "what HF's maths" in v.reason
+    assert abs(t[v.element_worst["index"][0]]) < 0.01
+
+
+def test_precision_lost_everywhere_fails_the_distribution_though_every_element_is_inside():
+    """A kernel one rounding step coarser everywhere (an intermediate kept in bf16): every element
+    within 2 of its scale, yet the typical error is well above HF's."""
+    t, h, noise = _bf16_case(2)
+    coarse = (t.float() * (1 + 2.0**-9)).bfloat16()  # a relative error of half a bf16 ULP before the rounding
+    v = judge("h", coarse, h, t, element_noise=noise)
+    assert v.element_max <= 2.0
+    assert not v.passed and v.mean_error > v.mean_bound and "typical error" in v.reason
+    assert v.over_1ulp >= v.hf_over_1ulp
+
+
+def test_the_distribution_bound_allows_a_few_elements_of_chance():
+    """A tensor of a handful of elements is judged by the per-element rule: one element half an ULP
+    worse than HF's is within the sampling allowance."""
+    t = torch.tensor([1.0 + 2.0**-9], dtype=torch.float64)  # exactly halfway between two bf16 values
+    h = t.bfloat16()
+    k = next_float(h) if h.double().item() < t.item() else h - (next_float(h) - h)
+    v = judge("h", k, h, t, element_noise=torch.zeros(1, dtype=torch.float64))
+    assert v.passed, v.reason
+
+
+def test_element_noise_gives_room_under_cancellation():
+    """An element that is a small difference of large terms: one ULP of the terms is its room."""
+    t = torch.tensor([1e-4, 1.0], dtype=torch.float64)
+    h = t.bfloat16()
+    k = h.clone()
+    k[0] = k[0] + 3e-3  # 3e-3 off a 1e-4 result: hundreds of its own ULPs, under one ULP of terms of size 1
+    assert not judge("y", k, h, t, element_noise=torch.zeros(2, dtype=torch.float64)).passed
+    assert judge("y", k, h, t, element_noise=torch.tensor([2.0**-8, 0.0], dtype=torch.float64)).element_max <= 2.0
