@@ -12,7 +12,7 @@ import torch
 from hypothesis import example, given, settings
 
 from oracle import aliasing
-from oracle.cases import FLOAT_DTYPES
+from oracle.cases import FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, past_tiles
 from oracle.devices import case_budget
 from oracle.engine import place, prepare, repro_command, run_case
 from oracle.impls import ImplementationUnavailable, load
@@ -41,9 +41,10 @@ def _differential_test(spec: OpSpec, dtype: str):
         result = run_case(spec, case, impl, device)
         assert result.passed, result.explain()
 
-    for pinned in spec.regressions:
-        if pinned.dtype == dtype:
-            test = example(case=pinned)(test)
+    # Pinned regressions and the stratified cases (every variant, layout, gradient layout, kind of
+    # values, short and long) run in every profile before hypothesis draws its own.
+    for pinned in [c for c in spec.regressions if c.dtype == dtype] + spec.stratified(dtype, BUDGET):
+        test = example(case=pinned)(test)
     test.__doc__ = f"{spec.name} in {dtype}: forward and every gradient judged against HF and the fp64 truth."
     return test
 
@@ -57,8 +58,19 @@ def _aliasing_test(spec: OpSpec, check: str):
         assert not findings, "\n".join([case.summary()] + [f.describe() for f in findings]) + \
             f"\nrerun: {repro_command(case, impl.name, check)}"
 
+    for pinned in aliasing_examples(spec):
+        test = example(case=pinned)(test)
     test.__doc__ = f"{spec.name}: aliasing check {check!r} (see oracle/aliasing.py)."
     return test
+
+
+def aliasing_examples(spec: OpSpec) -> list:
+    """One short stratified case per variant and dtype, so that every check runs on each."""
+    out = []
+    for dtype in FLOAT_DTYPES:
+        short = [c for c in spec.stratified(dtype, BUDGET) if not past_tiles(c)]
+        out += [next(c for c in short if c.variant == variant) for variant in spec.variants]
+    return out
 
 
 for _spec in SPECS.values():
@@ -91,17 +103,47 @@ def test_gradcheck_float64(op, impl, device):
         raise
 
 
-def test_hypothesis_draws_every_variant():
-    """The strategies reach every variant, dtype and layout a spec declares (no dead corners)."""
-    for spec in SPECS.values():
-        seen = set()
+def declared_layouts(spec: OpSpec) -> tuple[set, set]:
+    """The input and gradient layouts a spec's cases must reach."""
+    inputs = set(LAYOUTS) if spec.layout_args else {"contiguous"}
+    grads = set(GRAD_LAYOUTS) if spec.differentiable else {"contiguous"}
+    return inputs, grads
 
-        @settings(max_examples=200, database=None, derandomize=True)
-        @given(case=spec.cases(BUDGET))
-        def collect(case):
-            seen.add((case.variant, case.dtype, case.layout))
 
-        collect()
-        assert {v for v, _, _ in seen} == set(spec.variants), spec.name
-        assert {d for _, d, _ in seen} == set(FLOAT_DTYPES), spec.name
+@pytest.mark.parametrize("op", list(SPECS))
+def test_hypothesis_draws_every_variant_layout_and_size(op):
+    """The strategies reach every variant, dtype, input and gradient layout a spec declares, and
+    sizes past the tiles (no dead corners)."""
+    spec = SPECS[op]
+    seen = []
+
+    @settings(max_examples=200, database=None, derandomize=True)
+    @given(case=spec.cases(BUDGET))
+    def collect(case):
+        seen.append(case)
+
+    collect()
+    inputs, grads = declared_layouts(spec)
+    assert {c.variant for c in seen} == set(spec.variants)
+    assert {c.dtype for c in seen} == set(FLOAT_DTYPES)
+    assert {c.layout for c in seen} == inputs
+    assert {c.grad_layout for c in seen} == grads
+    assert sum(map(past_tiles, seen)) >= len(seen) // 10, "too few cases past the kernels' tiles"
+
+
+@pytest.mark.parametrize("op", list(SPECS))
+def test_stratified_cases_cover_every_combination_that_matters(op):
+    """In every dtype, the stratified examples alone hold every variant, input layout, gradient
+    layout, short and long sizes; and the aliasing examples every variant."""
+    spec = SPECS[op]
+    inputs, grads = declared_layouts(spec)
+    for dtype in FLOAT_DTYPES:
+        cases = spec.stratified(dtype, BUDGET)
+        assert {c.dtype for c in cases} == {dtype}
+        assert {c.variant for c in cases} == set(spec.variants)
+        assert {c.layout for c in cases} == inputs and {c.grad_layout for c in cases} == grads
+        assert {past_tiles(c) for c in cases} == {True, False}
+        assert {(c.variant, past_tiles(c)) for c in cases} == {(v, p) for v in spec.variants for p in (True, False)}
+    assert {(c.variant, c.dtype) for c in aliasing_examples(spec)} == \
+        {(v, d) for v in spec.variants for d in FLOAT_DTYPES}
 
