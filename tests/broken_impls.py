@@ -6,9 +6,12 @@ Each is an implementation object in the design.md §2 sense, loadable as
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 
 import kernels
 from oracle import reference as R
@@ -218,3 +221,459 @@ def _rms_norm_crashing_on_wide_rows(X, W, eps, gemma=False):
 
 
 crashes_on_wide_rows = SimpleNamespace(rms_norm=_rms_norm_crashing_on_wide_rows)
+
+
+# --- the catalogue: realistic numerical bugs, one op each -----------------------------------------
+#
+# Each object below breaks exactly one op of the contract and only numerically: no writes into its
+# inputs (the raw backwards write only into the DW, e, g they declare in CLOBBERS, as the contract
+# has them), no outputs aliasing inputs otherwise, HF's output dtypes and shapes, autograd intact.
+# CATALOGUE (at the end of the file) says which op, in which dtypes, and when each one shows.
+
+
+def _rms_norm_epilogue(X, W, normed, gemma):
+    """HF's last step around an fp32 ``normed``: Llama rounds then scales by W, Gemma scales by 1 + W."""
+    if gemma:
+        return (normed * (1.0 + W.float())).to(X.dtype)
+    return W * normed.to(X.dtype)
+
+
+def _rms_norm_with(normalise):
+    """An rms_norm whose fp32 normalisation of X is ``normalise(h, eps)``; autograd gives the backward."""
+    def rms_norm(X, W, eps, gemma=False):
+        return _rms_norm_epilogue(X, W, normalise(X.float(), eps), gemma)
+
+    return rms_norm
+
+
+class _RmsNormHandBackward(torch.autograd.Function):
+    """HF's forward, and a backward ``backward_fn(X, W, dY, eps, gemma) -> (dX, dW)`` written by hand."""
+
+    @staticmethod
+    def forward(ctx, X, W, eps, gemma, backward_fn):
+        ctx.save_for_backward(X, W)
+        ctx.eps, ctx.gemma, ctx.backward_fn = eps, gemma, backward_fn
+        return R.rms_norm(X, W, eps, gemma)
+
+    @staticmethod
+    def backward(ctx, dY):
+        X, W = ctx.saved_tensors
+        dX, dW = ctx.backward_fn(X, W, dY, ctx.eps, ctx.gemma)
+        return dX, dW, None, None, None
+
+
+def _rms_norm_with_backward(backward_fn):
+    return lambda X, W, eps, gemma=False: _RmsNormHandBackward.apply(X, W, eps, gemma, backward_fn)
+
+
+def _rms_norm_backward_terms(X, W, dY, eps, gemma):
+    """The fp32 rows a closed-form RMSNorm backward works on: (r, normed, g = dL/dnormed, dW per row)."""
+    n = X.shape[-1]
+    h, dy = X.reshape(-1, n).float(), dY.reshape(-1, n).float()
+    r = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    normed = h * r
+    if gemma:
+        return r, normed, dy * (1.0 + W.float()), dy * normed
+    # Llama scales the rounded normed by W, so its gradient reaches normed rounded to X's dtype.
+    return r, normed, (dy * W.float()).to(X.dtype).float(), dy * normed.to(X.dtype).float()
+
+
+def _rms_norm_gradients(X, W, dX_rows, dW):
+    return dX_rows.to(X.dtype).reshape(X.shape), dW.to(W.dtype)
+
+
+def _projection(g, normed, row_sum=lambda terms: terms.sum(-1, keepdim=True)):
+    """The term the closed-form dX subtracts: normed * mean(g * normed), the mean's sum by ``row_sum``."""
+    return normed * (row_sum(g * normed) / normed.shape[-1])
+
+
+def _sum_accumulated_in(dtype):
+    """A row sum kept in a running accumulator of ``dtype``: products rounded to dtype, then added one
+    column at a time, the accumulator rounded to dtype after every addition."""
+    def row_sum(terms):
+        terms = terms.to(dtype)
+        total = torch.zeros(terms.shape[:-1] + (1,), dtype=dtype, device=terms.device)
+        for column in range(terms.shape[-1]):
+            total = total + terms[..., column:column + 1]
+        return total.float()
+
+    return row_sum
+
+
+# RMSNorm entirely in the input dtype (no fp32 upcast); Llama and Gemma. Wrong in float16/bfloat16.
+def _rms_norm_in_input_dtype(X, W, eps, gemma=False):
+    normed = X * torch.rsqrt(X.pow(2).mean(-1, keepdim=True) + eps)
+    if gemma:
+        return normed * (1.0 + W.to(X.dtype))
+    return W * normed
+
+
+rms_norm_no_upcast = SimpleNamespace(rms_norm=_rms_norm_in_input_dtype)
+
+
+# Backward's row reduction sum(g * normed) accumulated in the input dtype. Wrong in float16/bfloat16.
+def _rms_norm_backward_low_precision_sum(X, W, dY, eps, gemma):
+    r, normed, g, dW_rows = _rms_norm_backward_terms(X, W, dY, eps, gemma)
+    dX = r * (g - _projection(g, normed, _sum_accumulated_in(X.dtype)))
+    return _rms_norm_gradients(X, W, dX, dW_rows.sum(0))
+
+
+rms_norm_bf16_backward_sum = SimpleNamespace(rms_norm=_rms_norm_with_backward(_rms_norm_backward_low_precision_sum))
+
+
+# eps added to the root instead of under it: x / (sqrt(mean(x^2)) + eps). Wrong in every dtype where
+# eps matters (tiny rows; zero rows in backward). vector_norm's gradient at a zero row is 0, not NaN.
+def _normalise_eps_outside_root(h, eps):
+    rms = torch.linalg.vector_norm(h, dim=-1, keepdim=True) / math.sqrt(h.shape[-1])
+    return h / (rms + eps)
+
+
+rms_norm_eps_outside = SimpleNamespace(rms_norm=_rms_norm_with(_normalise_eps_outside_root))
+
+
+# Backward's dX drops the projection term: dX = r * g. Wrong in every dtype.
+def _rms_norm_backward_without_projection(X, W, dY, eps, gemma):
+    r, normed, g, dW_rows = _rms_norm_backward_terms(X, W, dY, eps, gemma)
+    return _rms_norm_gradients(X, W, r * g, dW_rows.sum(0))
+
+
+rms_norm_dx_missing_projection = SimpleNamespace(
+    rms_norm=_rms_norm_with_backward(_rms_norm_backward_without_projection))
+
+
+# dW's row sum leaves out the last row once there are more than 64 rows (a tail tile dropped); dX right.
+# Wrong in every dtype, for more than 64 rows.
+def _rms_norm_backward_dw_without_last_row(X, W, dY, eps, gemma):
+    r, normed, g, dW_rows = _rms_norm_backward_terms(X, W, dY, eps, gemma)
+    summed = dW_rows[:-1] if dW_rows.shape[0] > 64 else dW_rows
+    return _rms_norm_gradients(X, W, r * (g - _projection(g, normed)), summed.sum(0))
+
+
+rms_norm_dw_drops_tail_row = SimpleNamespace(rms_norm=_rms_norm_with_backward(_rms_norm_backward_dw_without_last_row))
+
+
+# The mean of squares divides by the block size (next power of two >= n_cols), padding counted.
+# Wrong in every dtype when n_cols is not a power of two.
+def _normalise_over_block(h, eps):
+    block = 1 << (h.shape[-1] - 1).bit_length()
+    return h * torch.rsqrt(h.pow(2).sum(-1, keepdim=True) / block + eps)
+
+
+rms_norm_divides_by_block = SimpleNamespace(rms_norm=_rms_norm_with(_normalise_over_block))
+
+
+# Gemma scales by W instead of 1 + W (the offset forgotten); Llama right. Wrong in every dtype, Gemma only.
+def _rms_norm_gemma_scaling_by_w(X, W, eps, gemma=False):
+    if not gemma:
+        return R.rms_norm(X, W, eps)
+    h = X.float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * W.float()).to(X.dtype)
+
+
+rms_norm_gemma_without_offset = SimpleNamespace(rms_norm=_rms_norm_gemma_scaling_by_w)
+
+
+# Programs of 4 consecutive rows never reset the sum-of-squares accumulator between their rows: row k
+# of a program uses the squares of its rows 0..k. Wrong in every dtype, for 2 rows or more.
+def _sum_of_squares_carried_per_program(h, rows_per_program=4):
+    n = h.shape[-1]
+    per_row = h.reshape(-1, n).pow(2).sum(-1)
+    rows = per_row.shape[0]
+    padded = F.pad(per_row, (0, (-rows) % rows_per_program))
+    carried = padded.reshape(-1, rows_per_program).cumsum(-1).reshape(-1)[:rows]
+    return carried.reshape(h.shape[:-1] + (1,))
+
+
+def _normalise_with_carried_state(h, eps):
+    return h * torch.rsqrt(_sum_of_squares_carried_per_program(h) / h.shape[-1] + eps)
+
+
+rms_norm_state_per_program = SimpleNamespace(rms_norm=_rms_norm_with(_normalise_with_carried_state))
+
+
+# A Llama kernel that rounds a float32 W to X's dtype before scaling (output cast back to HF's dtype).
+# Wrong in float16/bfloat16, only with a float32 W; Gemma right.
+def _rms_norm_rounding_fp32_weight(X, W, eps, gemma=False):
+    if gemma:
+        return R.rms_norm(X, W, eps, gemma)
+    return R.rms_norm(X, W.to(X.dtype), eps).to(torch.promote_types(X.dtype, W.dtype))
+
+
+rms_norm_rounds_fp32_weight = SimpleNamespace(rms_norm=_rms_norm_rounding_fp32_weight)
+
+
+# --- RoPE bugs
+
+
+def _positions(Q, position_ids):
+    """position_ids, or the default arange(seq) for every batch row."""
+    if position_ids is None:
+        return torch.arange(Q.shape[2], device=Q.device).expand(Q.shape[0], -1)
+    return position_ids
+
+
+# Tokens at index 48 and beyond take token 47's position (a clamped position index). Wrong in every
+# dtype when seq > 48.
+def _rope_clamping_token_index(Q, K, cos, sin, position_ids=None, last_token=47):
+    positions = _positions(Q, position_ids)
+    seq = positions.shape[1]
+    if seq > last_token + 1:
+        tail = positions[:, last_token:last_token + 1].expand(-1, seq - last_token - 1)
+        positions = torch.cat((positions[:, :last_token + 1], tail), dim=1)
+    return R.rope(Q, K, cos, sin, positions)
+
+
+rope_wrong_position_past_48 = SimpleNamespace(rope=_rope_clamping_token_index)
+
+
+# Every batch row uses batch row 0's position_ids (per-row positions ignored). Wrong in every dtype
+# with packed position_ids that differ between rows (batch > 1).
+def _rope_first_row_positions(Q, K, cos, sin, position_ids=None):
+    if position_ids is not None:
+        position_ids = position_ids[:1].expand_as(position_ids)
+    return R.rope(Q, K, cos, sin, position_ids)
+
+
+rope_first_row_positions = SimpleNamespace(rope=_rope_first_row_positions)
+
+
+def _rotate_interleaved_pairs(x):
+    """GPT-J's rotation: each pair (x[2i], x[2i+1]) becomes (-x[2i+1], x[2i])."""
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
+# GPT-J-style RoPE (interleaved pairs) where HF rotates the two halves. Wrong in every dtype.
+def _rope_interleaved(Q, K, cos, sin, position_ids=None):
+    c, s = R.table_rows(Q, cos, sin, position_ids)
+    half = c.shape[-1] // 2
+    c = c[..., :half].repeat_interleave(2, dim=-1).unsqueeze(1)
+    s = s[..., :half].repeat_interleave(2, dim=-1).unsqueeze(1)
+    return tuple(x * c + _rotate_interleaved_pairs(x) * s for x in (Q, K))
+
+
+rope_interleaved_pairs = SimpleNamespace(rope=_rope_interleaved)
+
+
+# The loop over groups of 4 Q heads stops before a partial last group: those heads come back
+# unrotated. Wrong in every dtype when n_heads % 4 != 0.
+def _rope_skipping_partial_head_group(Q, K, cos, sin, position_ids=None, group=4):
+    Q_out, K_out = R.rope(Q, K, cos, sin, position_ids)
+    rotated = group * (Q.shape[1] // group)
+    return torch.cat((Q_out[:, :rotated], Q[:, rotated:]), dim=1), K_out
+
+
+rope_skips_partial_head_group = SimpleNamespace(rope=_rope_skipping_partial_head_group)
+
+
+# cos and sin rows pass through float16 before Q's dtype (a half-precision table cache). Wrong in float32.
+def _rope_half_precision_table(Q, K, cos, sin, position_ids=None):
+    return R.rope(Q, K, cos.to(torch.float16), sin.to(torch.float16), position_ids)
+
+
+rope_low_precision_table = SimpleNamespace(rope=_rope_half_precision_table)
+
+
+# --- SwiGLU bugs
+
+
+def _hf_swiglu_gradients(dh, e, g):
+    """(de, dg) by HF's autograd."""
+    _, dg, de = R.swiglu_lora_backward(dh, e, g)
+    return de, dg
+
+
+class _SwigluHandWritten(torch.autograd.Function):
+    """SwiGLU from ``forward_fn(e, g) -> h`` and ``backward_fn(dh, e, g) -> (de, dg)``."""
+
+    @staticmethod
+    def forward(ctx, e, g, forward_fn, backward_fn):
+        ctx.save_for_backward(e, g)
+        ctx.backward_fn = backward_fn
+        return forward_fn(e, g)
+
+    @staticmethod
+    def backward(ctx, dh):
+        e, g = ctx.saved_tensors
+        de, dg = ctx.backward_fn(dh, e, g)
+        return de, dg, None, None
+
+
+def _swiglu_from(forward_fn=R.swiglu, backward_fn=_hf_swiglu_gradients):
+    return lambda e, g: _SwigluHandWritten.apply(e, g, forward_fn, backward_fn)
+
+
+def _silu_rounded(e):
+    """f = silu(e) computed in fp32 and rounded to e's dtype, as HF's F.silu."""
+    return F.silu(e.float()).to(e.dtype)
+
+
+def _de_with_low_precision_sigmoid(dh, e, g):
+    """de = dh * g * se * (1 + e * (1 - se)) with se = sigmoid(e) and every step in e's dtype."""
+    se = torch.sigmoid(e)
+    return dh * g * se * (1 + e * (1 - se))
+
+
+# h zeroed wherever |h| < 0.1 (small outputs flushed); backward HF's. Wrong in every dtype.
+def _swiglu_flushing_small(e, g, threshold=0.1):
+    h = R.swiglu(e, g)
+    return torch.where(h.abs() < threshold, torch.zeros_like(h), h)
+
+
+swiglu_flushes_small = SimpleNamespace(swiglu=_swiglu_from(forward_fn=_swiglu_flushing_small))
+
+
+# Backward computes sigmoid(e) and de's chain in the input dtype instead of fp32. Wrong in float16/bfloat16.
+def _swiglu_gradients_low_precision_sigmoid(dh, e, g):
+    return _de_with_low_precision_sigmoid(dh, e, g), dh * _silu_rounded(e)
+
+
+swiglu_sigmoid_low_precision_backward = SimpleNamespace(
+    swiglu=_swiglu_from(backward_fn=_swiglu_gradients_low_precision_sigmoid))
+
+
+# silu as e * sigmoid(e) entirely in the input dtype (no fp32 upcast), autograd's backward of that.
+# Wrong in float16/bfloat16.
+def _swiglu_in_input_dtype(e, g):
+    return e * torch.sigmoid(e) * g
+
+
+swiglu_silu_low_precision_forward = SimpleNamespace(swiglu=_swiglu_in_input_dtype)
+
+
+# de's silu derivative with a flipped sign: se * (1 - e * (1 - se)) for se * (1 + e * (1 - se)).
+# Wrong in every dtype.
+def _swiglu_gradients_sign_flipped(dh, e, g):
+    se = torch.sigmoid(e.float())
+    de = (dh * g).float() * se * (1 - e.float() * (1 - se))
+    return de.to(e.dtype), dh * _silu_rounded(e)
+
+
+swiglu_de_sign_flipped = SimpleNamespace(swiglu=_swiglu_from(backward_fn=_swiglu_gradients_sign_flipped))
+
+
+# Raw forward leaves the last partial block of 1024 elements zero once numel > 4096 (a tail tile
+# dropped). Wrong in every dtype when numel > 4096 and numel % 1024 != 0.
+def _fg_dropping_tail_block(e, g, block=1024, threshold=4096):
+    flat = R.swiglu(e, g).detach().reshape(-1)
+    n = flat.numel()
+    written = n - n % block if n > threshold else n
+    h = torch.zeros(e.shape, dtype=e.dtype, device=e.device)
+    h.view(-1)[:written] = flat[:written]
+    return h
+
+
+swiglu_fg_tail_block = SimpleNamespace(swiglu_fg_kernel=_fg_dropping_tail_block)
+
+
+# Raw forward with sigmoid as exp(e) / (1 + exp(e)) in fp32: inf / inf = NaN once e > 88.
+# Wrong in every dtype, with large values.
+def _fg_naive_sigmoid(e, g):
+    x = e.detach().float()
+    f = (x * torch.exp(x) / (1 + torch.exp(x))).to(e.dtype)
+    return f * g.detach()
+
+
+swiglu_fg_naive_sigmoid = SimpleNamespace(swiglu_fg_kernel=_fg_naive_sigmoid)
+
+
+_RAW_BACKWARD_CLOBBERS = {"swiglu_DWf_DW_dfg_kernel": {"DW", "e", "g"}}
+
+
+def _written_into_buffers(DW, e, g, h, df, de):
+    """The raw backward's contract: h, df, de written into DW, e, g (declared in CLOBBERS), which it returns."""
+    with torch.no_grad():
+        DW.copy_(h)
+        e.copy_(df)
+        g.copy_(de)
+    return DW, e, g
+
+
+# Raw backward with sigmoid(e) and de's chain in the input dtype. Wrong in float16/bfloat16 (de only).
+def _raw_backward_low_precision_sigmoid(DW, e, g):
+    f = _silu_rounded(e)
+    return _written_into_buffers(DW, e, g, f * g, DW * f, _de_with_low_precision_sigmoid(DW, e, g))
+
+
+swiglu_raw_backward_low_precision_sigmoid = SimpleNamespace(
+    swiglu_DWf_DW_dfg_kernel=_raw_backward_low_precision_sigmoid, CLOBBERS=_RAW_BACKWARD_CLOBBERS)
+
+
+# Raw backward stores de where df belongs and df where de belongs (the two gradients swapped).
+# Wrong in every dtype.
+def _raw_backward_swapping_gradients(DW, e, g):
+    h, df, de = R.swiglu_lora_backward(DW, e, g)
+    return _written_into_buffers(DW, e, g, h, de, df)
+
+
+swiglu_backward_swapped = SimpleNamespace(swiglu_DWf_DW_dfg_kernel=_raw_backward_swapping_gradients,
+                                          CLOBBERS=_RAW_BACKWARD_CLOBBERS)
+
+
+# --- the registry ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str  # the attribute in this module, loadable as --impl tests.broken_impls:NAME
+    op: str  # the contract op it breaks
+    dtypes: tuple[str, ...]  # dtypes where it is a bug: a subset of ("float32", "float16", "bfloat16")
+    models: str  # one line: the real kernel bug it models
+    needs: str = ""  # the condition under which it shows, if any
+
+
+_EVERY_DTYPE = ("float32", "float16", "bfloat16")
+_LOW_PRECISION = ("float16", "bfloat16")
+
+CATALOGUE: tuple[Bug, ...] = (
+    Bug("rms_norm_no_upcast", "rms_norm", _LOW_PRECISION,
+        "variance, rsqrt and scaling computed in the input dtype, no fp32 upcast",
+        "clearest with large values in float16 (x^2 overflows)"),
+    Bug("rms_norm_bf16_backward_sum", "rms_norm", _LOW_PRECISION,
+        "backward's row reduction sum(g * normed) accumulated in the input dtype"),
+    Bug("rms_norm_eps_outside", "rms_norm", _EVERY_DTYPE,
+        "eps added to the root, x / (sqrt(mean(x^2)) + eps), instead of under it",
+        "tiny values or zero rows (eps dominates); float32 shows it on ordinary values too"),
+    Bug("rms_norm_dx_missing_projection", "rms_norm", _EVERY_DTYPE,
+        "backward's dX drops the projection term: dX = r * g"),
+    Bug("rms_norm_dw_drops_tail_row", "rms_norm", _EVERY_DTYPE,
+        "dW's sum over rows leaves out the last row (a dropped tail tile)", "more than 64 rows"),
+    Bug("rms_norm_divides_by_block", "rms_norm", _EVERY_DTYPE,
+        "mean of squares divided by the padded block size (next power of two) instead of n_cols",
+        "n_cols not a power of two"),
+    Bug("rms_norm_gemma_without_offset", "rms_norm", _EVERY_DTYPE,
+        "Gemma's scale W used where it should be 1 + W", "gemma variant"),
+    Bug("rms_norm_state_per_program", "rms_norm", _EVERY_DTYPE,
+        "sum-of-squares accumulator not reset between the 4 rows a program handles", "2 rows or more"),
+    Bug("rms_norm_rounds_fp32_weight", "rms_norm", _LOW_PRECISION,
+        "a float32 W rounded to X's dtype before scaling (Llama)", "float32 W, llama variant"),
+    Bug("rope_wrong_position_past_48", "rope", _EVERY_DTYPE,
+        "token index clamped: tokens from 48 on take token 47's position", "seq > 48"),
+    Bug("rope_first_row_positions", "rope", _EVERY_DTYPE,
+        "per-row position_ids ignored: every batch row uses row 0's positions",
+        "packed position_ids, batch > 1, rows differ"),
+    Bug("rope_interleaved_pairs", "rope", _EVERY_DTYPE,
+        "GPT-J interleaved-pair rotation instead of HF's rotate_half"),
+    Bug("rope_skips_partial_head_group", "rope", _EVERY_DTYPE,
+        "head-group loop stops early: Q heads past the last full group of 4 left unrotated",
+        "n_heads % 4 != 0"),
+    Bug("rope_low_precision_table", "rope", ("float32",),
+        "cos and sin rows cached in float16 before the cast to Q's dtype"),
+    Bug("swiglu_flushes_small", "swiglu", _EVERY_DTYPE,
+        "forward flushes outputs with |h| < 0.1 to zero"),
+    Bug("swiglu_sigmoid_low_precision_backward", "swiglu", _LOW_PRECISION,
+        "backward's sigmoid(e) and silu-derivative chain computed in the input dtype"),
+    Bug("swiglu_silu_low_precision_forward", "swiglu", _EVERY_DTYPE,
+        "silu as e * sigmoid(e) in the input dtype, no fp32 upcast",
+        "in float32 only its autograd shows: de is NaN at e = -inf where silu's own backward is not"),
+    Bug("swiglu_de_sign_flipped", "swiglu", _EVERY_DTYPE,
+        "silu derivative mistyped as se * (1 - e * (1 - se))"),
+    Bug("swiglu_fg_tail_block", "swiglu_fg_kernel", _EVERY_DTYPE,
+        "last partial block of 1024 elements never written (left zero)",
+        "numel > 4096 and numel % 1024 != 0"),
+    Bug("swiglu_fg_naive_sigmoid", "swiglu_fg_kernel", _EVERY_DTYPE,
+        "sigmoid as exp(e) / (1 + exp(e)): inf / inf = NaN", "large values (e > 88)"),
+    Bug("swiglu_raw_backward_low_precision_sigmoid", "swiglu_DWf_DW_dfg_kernel", _LOW_PRECISION,
+        "raw backward computes sigmoid(e) and de's chain in the input dtype"),
+    Bug("swiglu_backward_swapped", "swiglu_DWf_DW_dfg_kernel", _EVERY_DTYPE,
+        "raw backward stores de in e's buffer and df in g's: the two gradients swapped"),
+)
