@@ -73,6 +73,31 @@ def ratio_heatmap(cells) -> str:
                     RATIO_COLOURS, 0, 3, lambda v: f"{v:.3g}", "error ratio (pass bound is 2 plus the floor)")
 
 
+def _share_of_bound(value: str, bound: str):
+    def share(m: dict) -> float:
+        if m.get(value) is None:
+            return math.nan
+        return m[value] / m[bound] if m[bound] > 0 else (0.0 if m[value] == 0 else math.inf)
+    return share
+
+
+def element_heatmap(cells) -> str:
+    rows, grid = _grid(cells, _share_of_bound("element_max", "element_bound"), _nanmax)
+    return _heatmap(rows, grid, "worst element error / its bound over the grid (colour clipped at 1.5)",
+                    RATIO_COLOURS, 0, 1.5, lambda v: f"{v:.0%}", "share of the per-element bound (above 100% fails)")
+
+
+def typical_heatmap(cells) -> str:
+    rows, grid = _grid(cells, _share_of_bound("mean_error", "mean_bound"), _nanmax)
+    return _heatmap(rows, grid, "typical (mean) error / its bound over the grid (colour clipped at 1.5)",
+                    RATIO_COLOURS, 0, 1.5, lambda v: f"{v:.0%}", "share of the distribution bound (above 100% fails)")
+
+
+def _nanmax(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return max(finite) if finite else math.nan
+
+
 def bit_identity_heatmap(cells) -> str:
     rows, grid = _grid(cells, lambda m: m["bit_identical"], lambda xs: sum(xs) / len(xs))
     return _heatmap(rows, grid, "elements bit-identical to HF (mean over the grid)", "viridis", 0, 1,
@@ -180,6 +205,7 @@ def render(document: dict, comparison: dict | None = None, bench: dict | None = 
                              undefined=jinja2.StrictUndefined)
     cells = document["cells"]
     figures = {"ratio": ratio_heatmap(cells), "bit_identity": bit_identity_heatmap(cells),
+               "element": element_heatmap(cells), "typical": typical_heatmap(cells),
                "ulps": ulp_histograms(cells), "columns": error_vs_columns(cells)}
     perf = perf_figures(bench) if bench else {}
     regression_keys = {d["key"] for d in comparison["deltas"] if d["regression"]} if comparison else set()

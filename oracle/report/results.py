@@ -12,7 +12,7 @@ from ..engine import repro_command
 from ..specs import SPECS
 from .sweep import Task, columns_of
 
-SCHEMA = "kernel-oracle/drift/1"
+SCHEMA = "kernel-oracle/drift/2"  # 2: per-element and distribution metrics, gradient layouts
 
 
 def cell_key(case: Case, tensor: str) -> str:
@@ -63,9 +63,14 @@ def build(tasks: list[Task], answers: dict[int, dict], impl: str, full: bool, en
     }
 
 
+def _fraction(value: float, bound: float) -> float:
+    return value / bound if bound > 0 else (0.0 if value == 0 else float("inf"))
+
+
 def summarize(cells: list[dict], checks: list[dict], cases: list[dict]) -> list[dict]:
     """One row per op, variant, dtype and tensor: how many cells passed, the worst ratio and ULPs,
-    the lowest bit-identity to HF, and the aliasing findings for that op and dtype."""
+    the worst element and typical error as fractions of their bounds, the lowest bit-identity to HF,
+    and the aliasing findings for that op and dtype."""
     rows: dict[tuple, dict] = {}
     findings = defaultdict(int)
     for check in checks:
@@ -77,6 +82,7 @@ def summarize(cells: list[dict], checks: list[dict], cases: list[dict]) -> list[
         key = (cell["op"], cell["variant"], cell["dtype"], cell["tensor"])
         row = rows.setdefault(key, {"op": key[0], "variant": key[1], "dtype": key[2], "tensor": key[3], "cells": 0,
                                     "passed": 0, "worst_ratio": 0.0, "min_bit_identical": 1.0, "max_ulp": 0.0,
+                                    "worst_element": 0.0, "worst_typical": 0.0,
                                     "findings": findings[(key[0], key[2])]})
         row["cells"] += 1
         row["passed"] += cell["status"] == "pass"
@@ -85,4 +91,8 @@ def summarize(cells: list[dict], checks: list[dict], cases: list[dict]) -> list[
             row["worst_ratio"] = max(row["worst_ratio"], metrics["error_ratio"])
             row["min_bit_identical"] = min(row["min_bit_identical"], metrics["bit_identical"])
             row["max_ulp"] = max(row["max_ulp"], metrics["ulp_max"])
+            # the other two judgements, as fractions of their bounds (above 1 fails)
+            if metrics.get("element_max") is not None:
+                row["worst_element"] = max(row["worst_element"], metrics["element_max"] / metrics["element_bound"])
+                row["worst_typical"] = max(row["worst_typical"], _fraction(metrics["mean_error"], metrics["mean_bound"]))
     return list(rows.values())

@@ -7,16 +7,24 @@ from rich.console import Console
 from rich.table import Table
 
 
+def _of_bound(fraction: float | None) -> str:
+    """A judgement's worst value as a share of its bound: above 100% fails."""
+    if fraction is None:
+        return "-"
+    return f"[{'green' if fraction <= 1 else 'red'}]{fraction:.0%}[/]"
+
+
 def print_summary(document: dict, comparison: dict | None, console: Console) -> None:
     table = Table(title=f"kernel-oracle drift: {document['impl']} on {document['environment']['platform']} "
                         f"({document['sweep']} sweep, {document['seconds']:.0f} s)")
-    for column in ("op", "variant", "dtype", "tensor", "passed", "worst ratio", "min bit-identical", "max ULP",
-                   "findings"):
+    for column in ("op", "variant", "dtype", "tensor", "passed", "worst ratio", "worst element", "typical error",
+                   "min bit-identical", "max ULP", "findings"):
         table.add_column(column, justify="right" if column not in ("op", "variant", "dtype", "tensor") else "left")
     for row in document["summary"]:
         ok = row["passed"] == row["cells"]
         table.add_row(row["op"], row["variant"], row["dtype"], row["tensor"],
                       f"[{'green' if ok else 'red'}]{row['passed']}/{row['cells']}[/]", f"{row['worst_ratio']:.3g}",
+                      _of_bound(row.get("worst_element")), _of_bound(row.get("worst_typical")),
                       f"{row['min_bit_identical']:.1%}", f"{row['max_ulp']:.0f}",
                       f"[{'green' if not row['findings'] else 'red'}]{row['findings']}[/]")
     console.print(table)
