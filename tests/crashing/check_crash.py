@@ -6,13 +6,14 @@ from oracle.engine import run_case
 from oracle.impls import load
 
 
-def test_crashes():
+# ``device`` is conftest.py's fixture: the GPU where kernels are compiled for one, else the CPU.
+def test_crashes(device):
     case = Case("rms_norm", "llama", "float32", {"lead": [2], "cols": 1500}, "contiguous", "normal",
                 {"eps": 1e-6, "weight": "same"}, seed=1)
-    run_case("rms_norm", case, load("tests.broken_impls:crashes_on_wide_rows"), "cpu")
+    run_case("rms_norm", case, load("tests.broken_impls:crashes_on_wide_rows"), device)
 
 
-def test_survives():
+def test_survives(device):
     case = Case("rms_norm", "llama", "float32", {"lead": [2], "cols": 15}, "contiguous", "normal",
                 {"eps": 1e-6, "weight": "same"}, seed=1)
-    assert run_case("rms_norm", case, load("tests.broken_impls:crashes_on_wide_rows"), "cpu").passed
+    assert run_case("rms_norm", case, load("tests.broken_impls:crashes_on_wide_rows"), device).passed
