@@ -83,6 +83,7 @@ def pytest_handlecrashitem(crashitem, report, sched):
 
 
 _totals: Counter = Counter()
+_coverage: Counter = Counter()
 _worker_devices: dict[str, str] = {}
 
 
@@ -90,17 +91,59 @@ def pytest_sessionfinish(session):
     counts = {f"{op}|{dtype}": n for (op, dtype), n in engine.CASES_RUN.items()}
     if hasattr(session.config, "workeroutput"):  # an xdist worker: hand the counts to the controller
         session.config.workeroutput["oracle_counts"] = json.dumps(counts)
+        session.config.workeroutput["oracle_coverage"] = json.dumps([[list(k), n] for k, n in engine.COVERAGE.items()])
         session.config.workeroutput["oracle_device"] = str(default_device())
     else:
         _totals.update(counts)
+        _coverage.update(engine.COVERAGE)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     output = getattr(node, "workeroutput", {})
     _totals.update(json.loads(output.get("oracle_counts", "{}")))
+    _coverage.update({tuple(key): n for key, n in json.loads(output.get("oracle_coverage", "[]"))})
     if "oracle_device" in output:
         _worker_devices[node.gateway.id] = output["oracle_device"]
+
+
+def coverage_lines(coverage: Counter) -> list[str]:
+    """Per op: what the session's cases and aliasing checks covered out of what its spec declares
+    (variant x dtype, input and gradient layouts, kinds of values, cases past the tiles, and
+    check x variant x dtype), naming whatever was missed."""
+    from oracle import aliasing
+    from oracle.cases import FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS
+    from oracle.specs import SPECS
+
+    cases = [key[1:] for key in coverage if key[0] == "case"]
+    checks = {key[1:] for key in coverage if key[0] == "check"}
+    lines = []
+    for name, spec in SPECS.items():
+        mine = [c for c in cases if c[0] == name]
+        if not mine and not any(c[0] == name for c in checks):
+            continue
+        wanted = {
+            "variant x dtype": {(v, d) for v in spec.variants for d in FLOAT_DTYPES},
+            "layouts": set(LAYOUTS) if spec.layout_args else {"contiguous"},
+            "gradient layouts": set(GRAD_LAYOUTS) if spec.differentiable else {"contiguous"},
+            "checks x variant x dtype": {(k, v, d) for k in aliasing.applicable(spec) for v in spec.variants
+                                         for d in FLOAT_DTYPES},
+        }
+        seen = {
+            "variant x dtype": {(c[1], c[2]) for c in mine},
+            "layouts": {c[3] for c in mine},
+            "gradient layouts": {c[4] for c in mine},
+            "checks x variant x dtype": {(c[3], c[1], c[2]) for c in checks if c[0] == name},
+        }
+        parts = [f"{label} {len(seen[label] & want)}/{len(want)}" for label, want in wanted.items()]
+        long = sum(coverage[("case",) + c] for c in set(mine) if c[-1])
+        lines.append(f"coverage {name}: " + ", ".join(parts) + f", values {len({c[5] for c in mine})}, "
+                     f"cases past the tiles {long}")
+        for label, want in wanted.items():
+            missed = sorted(map(str, want - seen[label]))
+            if missed:
+                lines.append(f"  missed {label}: {', '.join(missed[:8])}{' ...' if len(missed) > 8 else ''}")
+    return lines
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -116,6 +159,8 @@ def pytest_terminal_summary(terminalreporter):
         write(f"{op:28s}" + "".join(f"{n:>10d}" for n in row) + f"{sum(row):>10d}")
     write(f"{'all':28s}" + "".join(f"{sum(_totals.get(f'{o}|{d}', 0) for o in ops):>10d}" for d in dtypes)
           + f"{sum(_totals.values()):>10d}")
+    for line in coverage_lines(_coverage):
+        write(line)
     if _worker_devices:
         write("devices: " + ", ".join(f"{w}={d}" for w, d in sorted(_worker_devices.items(), key=lambda kv: worker_index(kv[0]) or 0)))
     else:

@@ -61,6 +61,13 @@ def main(argv=None) -> int:
         wanted = args.gate or (args.baseline and not args.update_baseline) or \
             (args.update_baseline and baseline_path.exists())
         baseline = gate.load_baseline(baseline_path, platform) if wanted else None
+    except gate.BaselineError as exc:
+        if not (args.update_baseline and not args.gate):
+            console.print(f"[red]error:[/] {exc}", highlight=False)
+            return 2
+        # replacing a baseline of an older schema: nothing to compare with, the new one is written
+        console.print(f"not compared with the old baseline: {exc}", highlight=False)
+        baseline = None
     except (ValueError, ImplementationUnavailable, gate.BaselineError) as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False)
         return 2
