@@ -295,6 +295,9 @@ def _rms_norm_sweep(full: bool) -> list[Case]:
                                     {"eps": 1e-6, "weight": "same"}, seed=len(out)))
             out.append(Case("rms_norm", variant, dtype, {"lead": [2, 3], "cols": 255}, "offset", "zero_rows",
                             {"eps": 1e-5, "weight": "float32"}, seed=len(out)))
+            # many narrow rows, past every tile boundary, with a row-broadcast gradient
+            out.append(Case("rms_norm", variant, dtype, {"lead": [4100 if full else 300], "cols": 16}, "contiguous",
+                            "normal", {"eps": 1e-6, "weight": "same"}, seed=len(out), grad_layout="broadcast"))
     return out
 
 
@@ -429,6 +432,11 @@ def _rope_sweep(full: bool) -> list[Case]:
             out.append(Case("rope", variant, dtype, {"batch": 2, "heads": 8, "kv_heads": 2, "seq": 4, "head_dim": 128,
                                                      "max_pos": 64}, "offset", "outliers",
                             {"theta": 500000.0, "rope_type": "llama3", "table": "model"}, seed=len(out)))
+            # a long sequence of small heads, with a gradient in HF's (batch, seq, heads, head_dim) storage
+            out.append(Case("rope", variant, dtype, {"batch": 1, "heads": 3, "kv_heads": 1, "seq": 2100 if full else 300,
+                                                     "head_dim": 8, "max_pos": (2100 if full else 300) + 5},
+                            "contiguous", "normal", {"theta": 10000.0, "rope_type": "default", "table": "float32"},
+                            seed=len(out), grad_layout="transposed"))
     return out
 
 
@@ -547,7 +555,9 @@ def _elementwise_sweep(op: str) -> Callable[[bool], list[Case]]:
         for dtype in C.FLOAT_DTYPES:
             for shape in shapes:
                 layout = "transposed" if (op == "swiglu" and len(shape) == 2 and shape[0] > 1) else "contiguous"
-                out.append(Case(op, "default", dtype, {"shape": shape}, layout, "normal", {}, seed=len(out)))
+                grad_layout = "strided" if layout == "transposed" else "contiguous"
+                out.append(Case(op, "default", dtype, {"shape": shape}, layout, "normal", {}, seed=len(out),
+                                grad_layout=grad_layout))
             out.append(Case(op, "default", dtype, {"shape": [4, 999]}, "contiguous", "large", {}, seed=len(out)))
         return out
 
