@@ -3,6 +3,8 @@
 # named on the command line, each logging under $OUT. Usage (device tool, carry .whl):
 #   bash scripts/h200.sh info tests thorough liger-tests
 #   bash scripts/h200.sh report liger-report bench
+#   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
+# With several GPUs, `monitor` logs each GPU's utilisation and memory every 2 s until the call ends.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -23,11 +25,19 @@ for step in "$@"; do
     smoke)
       CI=true timeout 420 python3 -m pytest -n 8 -q -p no:cacheprovider tests/test_kernels.py tests/test_reference.py \
         tests/test_runtime.py tests/test_ops.py tests/test_engine.py tests/test_aliasing.py 2>&1 | tee "$OUT/pytest-smoke.log" | tail -45;;
+    monitor)
+      nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/gpu-usage.csv" &;;
     tests)
-      CI=true timeout 400 python3 -m pytest -n 8 -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-h200.log" | tail -25;;
+      CI=true timeout ${TESTS_TIMEOUT:-400} python3 -m pytest -n auto -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-h200.log" | tail -25;;
     thorough)
-      HYPOTHESIS_PROFILE=thorough timeout 420 python3 -m pytest -n 12 -q -p no:cacheprovider tests/test_ops.py 2>&1 \
-        | tee "$OUT/pytest-thorough-h200.log" | tail -22;;
+      HYPOTHESIS_PROFILE=thorough timeout ${THOROUGH_TIMEOUT:-420} python3 -m pytest -n auto -q -p no:cacheprovider tests/test_ops.py \
+        -k matches_hf 2>&1 | tee "$OUT/pytest-thorough-h200.log" | tail -22;;
+    thorough-impl)
+      HYPOTHESIS_PROFILE=thorough timeout ${THOROUGH_TIMEOUT:-300} python3 -m pytest -n auto -q -p no:cacheprovider tests/test_ops.py \
+        -k matches_hf --impl "$IMPL" 2>&1 | tee "$OUT/pytest-thorough-$IMPL-h200.log" | tail -22;;
+    report-one-gpu)  # the same full sweep on one GPU only, to compare with a multi-GPU run
+      CUDA_VISIBLE_DEVICES=0 timeout 400 python3 -m oracle.report --full --json "$OUT/drift-h200-one-gpu.json" \
+        --html /tmp/one.html 2>&1 | tee "$OUT/report-one-gpu.log" | tail -8;;
     liger-tests)
       CI=true timeout 300 python3 -m pytest -n 8 -q -p no:cacheprovider tests/test_ops.py --impl liger 2>&1 \
         | tee "$OUT/pytest-liger-h200.log" | tail -30;;
