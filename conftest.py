@@ -141,7 +141,7 @@ def coverage_lines(coverage: Counter) -> list[str]:
                      f"cases past the tiles {long}")
         for label, want in wanted.items():
             missed = sorted(map(str, want - seen[label]))
-            if missed:
+            if missed and seen[label]:  # a category the session ran at all (a subset run skips the rest)
                 lines.append(f"  missed {label}: {', '.join(missed[:8])}{' ...' if len(missed) > 8 else ''}")
     return lines
 

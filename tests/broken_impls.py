@@ -619,6 +619,9 @@ class Bug:
     dtypes: tuple[str, ...]  # dtypes where it is a bug: a subset of ("float32", "float16", "bfloat16")
     models: str  # one line: the real kernel bug it models
     needs: str = ""  # the condition under which it shows, if any
+    # dtypes where the loss is real but too small to be seen on every size: neither caught nor
+    # declared harmless (the tests leave them out), with the reason in ``needs``
+    borderline: tuple[str, ...] = ()
 
 
 _EVERY_DTYPE = ("float32", "float16", "bfloat16")
@@ -657,7 +660,9 @@ CATALOGUE: tuple[Bug, ...] = (
         "head-group loop stops early: Q heads past the last full group of 4 left unrotated",
         "n_heads % 4 != 0"),
     Bug("rope_low_precision_table", "rope", ("float32",),
-        "cos and sin rows cached in float16 before the cast to Q's dtype"),
+        "cos and sin rows cached in float16 before the cast to Q's dtype",
+        "in bfloat16 the table is rounded twice (fp32 -> fp16 -> bf16): one bf16 step on ~0.1% more elements, "
+        "seen by the distribution judgement only at millions of elements (H200)", borderline=("bfloat16",)),
     Bug("swiglu_flushes_small", "swiglu", _EVERY_DTYPE,
         "forward flushes outputs with |h| < 0.1 to zero"),
     Bug("swiglu_sigmoid_low_precision_backward", "swiglu", _LOW_PRECISION,
