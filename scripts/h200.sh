@@ -31,7 +31,7 @@ for step in "$@"; do
       CI=true timeout ${TESTS_TIMEOUT:-400} python3 -m pytest -n auto -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-h200.log" | tail -25;;
     thorough)
       HYPOTHESIS_PROFILE=thorough timeout ${THOROUGH_TIMEOUT:-420} python3 -m pytest -n auto -q -p no:cacheprovider tests/test_ops.py \
-        -k matches_hf 2>&1 | tee "$OUT/pytest-thorough-h200.log" | tail -22;;
+        -k "matches_hf ${THOROUGH_OPS:+and $THOROUGH_OPS}" 2>&1 | tee "$OUT/pytest-thorough-h200.log" | tail -22;;
     thorough-impl)
       HYPOTHESIS_PROFILE=thorough timeout ${THOROUGH_TIMEOUT:-300} python3 -m pytest -n auto -q -p no:cacheprovider tests/test_ops.py \
         -k matches_hf --impl "$IMPL" 2>&1 | tee "$OUT/pytest-thorough-$IMPL-h200.log" | tail -22;;
