@@ -34,7 +34,7 @@ Note [The per-element judgement]
     RoPE ``(|x c| + |rot(x) s|) * 2u`` (each product and the table row rounded to the model dtype), so
     where the output is a small difference of large terms the room is the terms', not the result's.
     The normalised error e_i = |k_i - t_i| / scale_i is then at most about 1 for HF by construction
-    (measured: HF and its reordered form stay below 1.0 over the thorough profile, tests/test_compare.py),
+    (measured on CPU, 40 drawn cases per op and dtype: HF's largest e_i is 0.99, in fp16 SwiGLU's h),
     and the judgement allows twice that:
 
         max_i e_i(k)  <=  ELEMENT_BOUND = 2
@@ -251,7 +251,7 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
 
     extra = {}
     if element_noise is not None:
-        extra = _element_and_distribution(name, k64, h64, t, finite, k_err, h_err, r_err, element_noise, h.dtype, problems)
+        extra = _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, element_noise, h.dtype, problems)
 
     return TensorVerdict(
         name=name, dtype=str(h.dtype).removeprefix("torch."), shape=tuple(k.shape),
@@ -273,7 +273,7 @@ def ulps_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return info.eps * torch.exp2((exponent - 1).to(torch.float64))
 
 
-def _element_and_distribution(name, k64, h64, t, finite, k_err, h_err, r_err, noise, dtype, problems) -> dict:
+def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, dtype, problems) -> dict:
     """Note [The per-element judgement] and Note [The distribution judgement]; appends to ``problems``."""
     scale = ulps_of(t, dtype) + noise.to(device=t.device, dtype=torch.float64).expand(t.shape)
     scale = torch.where(finite & torch.isfinite(scale), scale, 1.0)  # judged elements only; never divide by 0
