@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
 
 from ..compare import ULP_BINS  # noqa: E402
+from .results import typical_excess  # noqa: E402
 
 DTYPES = ("float32", "float16", "bfloat16")
 TEMPLATES = Path(__file__).parent / "templates"
@@ -88,9 +89,12 @@ def element_heatmap(cells) -> str:
 
 
 def typical_heatmap(cells) -> str:
-    rows, grid = _grid(cells, _share_of_bound("mean_error", "mean_bound"), _nanmax)
-    return _heatmap(rows, grid, "typical (mean) error / its bound over the grid (colour clipped at 1.5)",
-                    RATIO_COLOURS, 0, 1.5, lambda v: f"{v:.0%}", "share of the distribution bound (above 100% fails)")
+    def excess(m: dict) -> float:
+        return typical_excess(m) if m.get("mean_error") is not None else math.nan
+
+    rows, grid = _grid(cells, excess, _nanmax)
+    return _heatmap(rows, grid, "typical (mean) error above HF's, as a share of the allowance (colour clipped at 1.5)",
+                    RATIO_COLOURS, 0, 1.5, lambda v: f"{v:.0%}", "share of the allowance used (above 100% fails)")
 
 
 def _nanmax(values: list[float]) -> float:

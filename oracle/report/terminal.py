@@ -8,7 +8,7 @@ from rich.table import Table
 
 
 def _of_bound(fraction: float | None) -> str:
-    """A judgement's worst value as a share of its bound: above 100% fails."""
+    """A judgement's worst value as a share of its bound (or allowance): above 100% fails."""
     if fraction is None:
         return "-"
     return f"[{'green' if fraction <= 1 else 'red'}]{fraction:.0%}[/]"
@@ -17,7 +17,7 @@ def _of_bound(fraction: float | None) -> str:
 def print_summary(document: dict, comparison: dict | None, console: Console) -> None:
     table = Table(title=f"kernel-oracle drift: {document['impl']} on {document['environment']['platform']} "
                         f"({document['sweep']} sweep, {document['seconds']:.0f} s)")
-    for column in ("op", "variant", "dtype", "tensor", "passed", "worst ratio", "worst element", "typical error",
+    for column in ("op", "variant", "dtype", "tensor", "passed", "worst ratio", "worst element", "typical excess",
                    "min bit-identical", "max ULP", "findings"):
         table.add_column(column, justify="right" if column not in ("op", "variant", "dtype", "tensor") else "left")
     for row in document["summary"]:
