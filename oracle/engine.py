@@ -91,6 +91,8 @@ class CaseResult:
             lines.append(
                 f"  {mark} {v.name:6s} max|k-t|={v.max_abs:.3g} bound={v.bound:.3g} ratio={v.error_ratio:.3g} "
                 f"bit-identical={v.bit_identical:.1%} ulp(max/p99)={v.ulp_max:.0f}/{v.ulp_p99:.0f}"
+                + (f" element={v.element_max:.2g}/{v.element_bound:g} typical={v.mean_error:.2g}/{v.mean_bound:.2g}"
+                   if v.element_max is not None else "")
                 + ("" if v.passed else f"\n       {v.reason}; worst {v.worst}"))
         lines += ["  " + f.describe() for f in self.findings]
         if self.error:

@@ -229,7 +229,6 @@ class _RmsNormParts:
         self.gemma = bool(args["gemma"])
         self.n = X.shape[-1]
         self.u_x, self.u_c = unit_roundoff(X.dtype), unit_roundoff(compute_dtype(X.dtype))
-        self.u_y = unit_roundoff(torch.promote_types(X.dtype, W.dtype))  # Llama's product W * normed
         x, w = _wide(X), _wide(W)
         self.r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + args["eps"])
         self.normed = x * self.r
@@ -347,6 +346,13 @@ RMS_NORM = OpSpec(
              {"eps": 1e-12, "weight": "same"}, seed=1),
         Case("rms_norm", "llama", "float32", {"lead": [1], "cols": 2}, "contiguous", "normal",
              {"eps": 1e-06, "weight": "same"}, seed=0),
+        # Found by the H200's thorough run of the distribution judgement: a one-column dW is a single
+        # element, so its "typical" error is one draw (k 0.0189 and HF 0.0022 scale units, and 0.000145
+        # against 0.000101); the sampling allowance must be at least one scale unit's spread.
+        Case("rms_norm", "llama", "float32", {"lead": [2, 33], "cols": 1}, "contiguous", "normal",
+             {"eps": 1e-06, "weight": "same"}, seed=0),
+        Case("rms_norm", "llama", "float16", {"lead": [2, 129], "cols": 1}, "contiguous", "normal",
+             {"eps": 1e-12, "weight": "float32"}, seed=1),
     ),
 )
 
