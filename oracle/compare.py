@@ -47,11 +47,16 @@ Note [The distribution judgement]
     So the mean of e_i over the tensor is set against HF's:
 
         mean e(k)  <=  max(mean e(h), mean e(r))  +  |mean e(h) - mean e(r)|
-                       +  2 * mean(u_c |t| / scale)  +  4 * sd / sqrt(N)
+                       +  mean(order_i / scale_i)  +  2 * mean(u_c |t| / scale)  +  4 * sd / sqrt(N)
 
     HF's two valid orders calibrate "as accurate as HF": an implementation may be as far above the
     worse of them as they are from each other (a different, equally accurate rounding order passes;
-    it is drift, seen in bit-identity and by the gate). The third term lets a valid formula spend two
+    it is drift, seen in bit-identity and by the gate). The third term is the part of the noise model
+    that moves with the order of a long sum (``order_i``, declared by the spec; zero where nothing is
+    summed). HF's other order keeps torch's reduction of a row, so it cannot show how far another
+    equally valid order of that sum lands: Inductor's strided reduction over a column-major fp32 row
+    of 2047 moves every element of the row by the same ~9 u_c, a mean error 9x HF's, and is as valid
+    as torch's. In 16-bit that room is a thousandth of an ULP. The fourth lets a valid formula spend two
     more roundings in the compute dtype per element than HF's (Unsloth's silu slope has three
     products where torch's silu backward has two): it matters in fp32 and vanishes in 16-bit, where
     only the roundings to the 16-bit dtype count. The last is the sampling noise of a mean over N
@@ -186,11 +191,14 @@ def _index(flat_index: int, shape: tuple[int, ...]) -> list[int]:
 
 
 def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reordered: torch.Tensor | None = None,
-          sum_noise: float = 0.0, element_noise: torch.Tensor | None = None) -> TensorVerdict:
+          sum_noise: float = 0.0, element_noise: torch.Tensor | None = None,
+          order_noise: torch.Tensor | None = None) -> TensorVerdict:
     """Compare k (implementation) with h (HF, same dtype) and t (float64 truth).
 
-    ``element_noise`` (float64, t's shape): the rounding noise of each element's terms in HF's
-    evaluation (Note [The per-element judgement]); without it only the max-norm judgement applies.
+    ``element_noise`` (float64, broadcastable to t): the rounding noise of each element's terms in
+    HF's evaluation (Note [The per-element judgement]); without it only the max-norm judgement
+    applies. ``order_noise``: the part of it that another summation order moves (Note [The
+    distribution judgement]); None where nothing is summed.
     """
     problems = []
     if tuple(k.shape) != tuple(h.shape):
@@ -251,7 +259,8 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
 
     extra = {}
     if element_noise is not None:
-        extra = _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, element_noise, h.dtype, problems)
+        extra = _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, element_noise, order_noise,
+                                          h.dtype, problems)
 
     return TensorVerdict(
         name=name, dtype=str(h.dtype).removeprefix("torch."), shape=tuple(k.shape),
@@ -273,7 +282,7 @@ def ulps_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return info.eps * torch.exp2((exponent - 1).to(torch.float64))
 
 
-def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, dtype, problems) -> dict:
+def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, order, dtype, problems) -> dict:
     """Note [The per-element judgement] and Note [The distribution judgement]; appends to ``problems``."""
     scale = ulps_of(t, dtype) + noise.to(device=t.device, dtype=torch.float64).expand(t.shape)
     scale = torch.where(finite & torch.isfinite(scale), scale, 1.0)  # judged elements only; never divide by 0
@@ -307,6 +316,9 @@ def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, d
     # formula with EXTRA_ROUNDINGS more operations than HF's may add to the mean (negligible in 16-bit).
     u_c = torch.finfo(torch.promote_types(dtype, torch.float32)).eps / 2
     extra = EXTRA_ROUNDINGS * mean(torch.where(finite, u_c * t.abs() / scale, 0.0))
+    if order is not None:  # and where the spec says a long sum's order moves the result, that room
+        order = order.to(device=t.device, dtype=torch.float64).expand(t.shape)
+        extra += mean(torch.where(finite & torch.isfinite(order), order / scale, 0.0))
     # The sampling noise of a mean over n elements. An implementation as accurate as HF may land
     # anywhere within an element's scale; spread evenly, that is an sd of 1/sqrt(12) in these units,
     # the floor where HF's own errors happen to agree (one element, or HF exact by luck).

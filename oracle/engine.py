@@ -147,11 +147,13 @@ class Prepared:
     reordered: Evaluation
     sum_noise: dict[str, float]  # compare.summation_noise per summed tensor
     element_noise: dict[str, torch.Tensor]  # the spec's noise model per compared tensor
+    order_noise: dict[str, torch.Tensor]  # the part of it another summation order moves
 
     def judge(self, name: str, got: torch.Tensor) -> TensorVerdict:
         """The verdict on one compared tensor of an implementation (compare.judge)."""
         return judge(name, got, self.hf.tensors()[name], self.truth.tensors()[name],
-                     self.reordered.tensors().get(name), self.sum_noise.get(name, 0.0), self.element_noise[name])
+                     self.reordered.tensors().get(name), self.sum_noise.get(name, 0.0), self.element_noise[name],
+                     self.order_noise.get(name))
 
 
 def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient) -> Prepared:
@@ -166,7 +168,8 @@ def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient) -> 
     accumulator = torch.float64 if case.dtype == "float64" else torch.float32
     sum_noise = {name: summation_noise(*terms(args, upstream), accumulator) for name, terms in spec.summed.items()}
     element_noise = {name: model(args, upstream) for name, model in spec.noise.items()}
-    return Prepared(args, upstream, hf, truth, reordered, sum_noise, element_noise)
+    order_noise = {name: model(args, upstream) for name, model in spec.order_noise.items()}
+    return Prepared(args, upstream, hf, truth, reordered, sum_noise, element_noise, order_noise)
 
 
 # --- the implementation -------------------------------------------------------------------------

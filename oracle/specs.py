@@ -77,11 +77,18 @@ class OpSpec:
     # to the tensor), from its error analysis: (args, upstream) -> noise. Every compared tensor needs
     # one: it is what the per-element and distribution judgements measure against (compare.py).
     noise: dict[str, Callable[[dict, dict], torch.Tensor]] = field(default_factory=dict)
+    # The part of ``noise`` that another valid order of a long sum (a row's sum of squares, a column
+    # sum over rows) moves, same signature; tensors not named here sum nothing (compare.py, Note [The
+    # distribution judgement]).
+    order_noise: dict[str, Callable[[dict, dict], torch.Tensor]] = field(default_factory=dict)
 
     def __post_init__(self):
         missing = set(self.compared()) - set(self.noise)
         if missing:
             raise ValueError(f"spec {self.name}: no noise model for {sorted(missing)} (see compare.py)")
+        unknown = set(self.order_noise) - set(self.compared())
+        if unknown:
+            raise ValueError(f"spec {self.name}: order noise for {sorted(unknown)}, which are not compared")
 
     def grad_names(self) -> tuple[str, ...]:
         return tuple("d" + name for name in self.differentiable)
@@ -222,6 +229,9 @@ class _RmsNormParts:
       ``rho = u_c * (2 sqrt(n) + 4)`` relative, shared by every element of the row.
     - Llama rounds normed to X's dtype before scaling by W (u_x), and its autograd forms
       g = dY * W in X's dtype (u_x again); Gemma keeps both in the compute dtype (u_c).
+    - Of rho, the part another valid order of the sum of squares moves: a sequential sum of n
+      positive terms is off by ~sqrt(n/3) u_c relative, and the square root halves it:
+      ``rho_order = u_c sqrt(n) / 2`` (the order noise of the distribution judgement).
     """
 
     def __init__(self, args: dict, upstream: dict):
@@ -234,6 +244,7 @@ class _RmsNormParts:
         self.normed = x * self.r
         self.scale = 1.0 + w if self.gemma else w
         self.rho = self.u_c * (2 * math.sqrt(self.n) + 4)
+        self.rho_order = self.u_c * math.sqrt(self.n) / 2
         self.dy = _wide(upstream["Y"]) if "Y" in upstream else None
         self.x_dtype, self.y_dtype = X.dtype, torch.promote_types(X.dtype, W.dtype)
 
@@ -246,15 +257,24 @@ def _rms_norm_noise_Y(args: dict, upstream: dict) -> torch.Tensor:
     return noise if p.gemma else noise + rounding_error(p.normed.abs(), p.x_dtype) * p.scale.abs()
 
 
+def _rms_norm_order_Y(args: dict, upstream: dict) -> torch.Tensor:
+    p = _RmsNormParts(args, upstream)
+    return p.rho_order * (p.normed * p.scale).abs()
+
+
+def _rms_norm_dX_magnitudes(p: _RmsNormParts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """g = dY * W, and the magnitudes of dX's two terms r g and normed r mean(g normed)."""
+    g = p.dy * p.scale
+    return g, (p.r * g).abs(), p.normed.abs() * p.r * (g * p.normed).abs().mean(-1, keepdim=True)
+
+
 def _rms_norm_noise_dX(args: dict, upstream: dict) -> torch.Tensor:
     """dX = r g - normed r mean(g normed), g = dY * W: both terms' magnitudes times 1/rms's relative
     error and the row mean's summation noise (sqrt(n) u_c), plus (Llama) g's rounding to X's dtype
     carried through both terms. Under cancellation (one or two columns) the terms' scale, not dX's,
     is the room."""
     p = _RmsNormParts(args, upstream)
-    g = p.dy * p.scale
-    first = (p.r * g).abs()
-    second = p.normed.abs() * p.r * (g * p.normed).abs().mean(-1, keepdim=True)
+    g, first, second = _rms_norm_dX_magnitudes(p)
     noise = (p.rho + p.u_c * (math.sqrt(p.n) + 2)) * (first + second)
     if p.gemma:
         return noise
@@ -262,19 +282,37 @@ def _rms_norm_noise_dX(args: dict, upstream: dict) -> torch.Tensor:
     return noise + p.r * g_err + p.normed.abs() * p.r * (g_err * p.normed.abs()).mean(-1, keepdim=True)
 
 
+def _rms_norm_order_dX(args: dict, upstream: dict) -> torch.Tensor:
+    """1/rms's order noise in both terms, and the row mean's (sqrt(n) u_c) in the second."""
+    p = _RmsNormParts(args, upstream)
+    _, first, second = _rms_norm_dX_magnitudes(p)
+    return p.rho_order * (first + second) + p.u_c * math.sqrt(p.n) * second
+
+
+def _rms_norm_dW_magnitudes(p: _RmsNormParts) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """dW_j = sum over rows of dY * normed: the |terms|, their column sums, and the row count."""
+    terms = (p.dy * p.normed).abs()
+    return terms, terms.reshape(-1, p.n).sum(0), terms.numel() // p.n
+
+
 def _rms_norm_noise_dW(args: dict, upstream: dict) -> torch.Tensor:
     """dW_j = sum over rows of dY * normed: each term's rounding (Llama: normed to X's dtype, then the
     product in Y's dtype; Gemma: the product in the compute dtype), 1/rms's relative error, and the
     sum's noise (2 sqrt(m) u_c for m rows in any order), summed over the rows."""
     p = _RmsNormParts(args, upstream)
-    terms = (p.dy * p.normed).abs()
+    terms, total, rows = _rms_norm_dW_magnitudes(p)
     if p.gemma:
         per_term = 2 * p.u_c * terms
     else:
         per_term = p.dy.abs() * rounding_error(p.normed.abs(), p.x_dtype) + rounding_error(terms, p.y_dtype)
-    rows = terms.numel() // p.n
-    total = terms.reshape(-1, p.n).sum(0)
     return per_term.reshape(-1, p.n).sum(0) + (p.rho + 2 * math.sqrt(rows) * p.u_c) * total
+
+
+def _rms_norm_order_dW(args: dict, upstream: dict) -> torch.Tensor:
+    """Each row's 1/rms order noise, and the column sum's own (sqrt(m) u_c)."""
+    p = _RmsNormParts(args, upstream)
+    _, total, rows = _rms_norm_dW_magnitudes(p)
+    return (p.rho_order + math.sqrt(rows) * p.u_c) * total
 
 
 def _rms_norm_call(fn, a):
@@ -331,6 +369,7 @@ RMS_NORM = OpSpec(
     error_inputs=_rms_norm_errors,
     summed={"dW": _rms_norm_dW_terms, "dX": _rms_norm_dX_terms},
     noise={"Y": _rms_norm_noise_Y, "dX": _rms_norm_noise_dX, "dW": _rms_norm_noise_dW},
+    order_noise={"Y": _rms_norm_order_Y, "dX": _rms_norm_order_dX, "dW": _rms_norm_order_dW},
     regressions=(
         # One column: dX ~ eps/x^2 is a small difference of O(1) terms; HF's autograd order happened
         # to be 13x more accurate than the closed form here. The verdict's floor must cover it.
