@@ -1,6 +1,10 @@
 """pytest wiring: --impl, the device each xdist worker owns, hypothesis profiles, case counts, crashes.
 
-- ``--impl NAME|module:attr`` picks the implementation the generic tests (tests/test_ops.py) judge.
+- ``--impl NAME|module:attr`` picks the implementation the generic tests (tests/test_ops.py) judge,
+  ``--ops a,b`` restricts the ops asked of it. Before anything runs, the implementation is loaded
+  and must provide every op asked (oracle/impls.py, ``select``): an unimportable module, a typo in
+  an op name or a missing op fails the session with the reason; ops it declares it lacks are
+  skipped and listed at the end.
 - Each worker runs on its own GPU when there are several (oracle/devices.py), else the CPU
   interpreter. The device of every worker is logged in the summary.
 - Hypothesis profiles: ``ci`` (loaded when CI is set: derandomized, no deadline, bounded examples),
@@ -38,6 +42,22 @@ def pytest_addoption(parser):
     group = parser.getgroup("kernel-oracle")
     group.addoption("--impl", default="kernels",
                     help="implementation under test: kernels (default), hf, compile, liger, or package.module:attr")
+    group.addoption("--ops", default=None,
+                    help="comma-separated ops to test (default: every op of the contract)")
+
+
+def pytest_configure(config):
+    """Load --impl and settle the ops asked of it, or fail the session before collection."""
+    from oracle.impls import ImplementationUnavailable, load
+
+    name = config.getoption("--impl")
+    wanted = config.getoption("--ops")
+    try:
+        impl = load(name)
+        config.oracle_ops = impl.select([op.strip() for op in wanted.split(",") if op.strip()] if wanted else None)
+    except (ImplementationUnavailable, ValueError) as exc:
+        raise pytest.UsageError(f"--impl {name}: {exc}") from exc
+    config.oracle_not_tested = {op: why for op, why in impl.declared_lacking().items() if impl.op(op) is None}
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +68,18 @@ def device():
 @pytest.fixture(scope="session")
 def impl_name(request) -> str:
     return request.config.getoption("--impl")
+
+
+@pytest.fixture(scope="session")
+def impl(impl_name):
+    from oracle.impls import load
+
+    return load(impl_name)  # pytest_configure has loaded it once already
+
+
+@pytest.fixture(scope="session")
+def asked_ops(request) -> list[str]:
+    return request.config.oracle_ops
 
 
 # --- which case is running, so that a crash can name it -----------------------------------------
@@ -146,10 +178,15 @@ def coverage_lines(coverage: Counter) -> list[str]:
     return lines
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_terminal_summary(terminalreporter, config):
+    write = terminalreporter.write_line
+    lacking = getattr(config, "oracle_not_tested", {})
+    if lacking:
+        terminalreporter.section("kernel-oracle: ops not tested")
+        for op, why in lacking.items():
+            write(f"{op}: {config.getoption('--impl')} declares it lacks it ({why})")
     if not _totals:
         return
-    write = terminalreporter.write_line
     terminalreporter.section("kernel-oracle: cases run per op and dtype")
     dtypes = sorted({key.split("|")[1] for key in _totals})
     ops = sorted({key.split("|")[0] for key in _totals})

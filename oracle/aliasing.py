@@ -1,4 +1,4 @@
-"""Aliasing checks that need graphs of their own (design.md §4). The engine's main run already
+"""Checks that need graphs of their own: aliasing (design.md §4) and determinism. The engine's main run already
 covers snapshots (1), the shared incoming gradient of a residual (2), guard bands (4) and
 poisoned allocations (5); here are the rest, each returning Findings that say what was corrupted
 and where:
@@ -11,6 +11,8 @@ and where:
                          block beside them (V) must stay untouched and the results right.
 - ``version-counter``(6) a clobbered argument saved by another op: autograd must raise, never
                          hand back a silently wrong gradient.
+- ``deterministic``      forward and backward run twice on identical inputs give identical bits
+                         (on a GPU, what atomics and races change between runs).
 """
 
 from __future__ import annotations
@@ -166,6 +168,30 @@ def version_counter(spec: OpSpec, case: Case, impl: Implementation, device) -> l
     return findings
 
 
+def deterministic(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
+    """Two runs from identical, freshly placed inputs: every output and gradient bit for bit equal."""
+    prepared = prepare(spec, case, device)
+
+    def once() -> dict[str, torch.Tensor]:
+        args, leaves = place(spec, case, prepared.args, device, [])
+        with torch.enable_grad():
+            outs = dict(zip(spec.outputs, spec.call(impl.op(spec.name), args)))
+            got = {n: bits(out).clone() for n, out in outs.items()}
+            if spec.differentiable:
+                torch.autograd.backward([outs[n] for n in spec.outputs],
+                                        [prepared.upstream[n].clone() for n in spec.outputs])
+        return got | {"d" + n: bits(leaf.grad).clone() for n, leaf in leaves.items() if leaf.grad is not None}
+
+    first, second = once(), once()
+    findings = []
+    for name in first:
+        if name not in second or not torch.equal(first[name], second[name]):
+            differ = int((first[name] != second[name]).sum()) if name in second else first[name].numel()
+            findings.append(Finding("deterministic", name, "forward" if name in spec.outputs else "backward",
+                                    f"a second run on identical inputs gave other bits ({differ} element(s))"))
+    return findings
+
+
 CHECKS: dict[str, tuple[Callable, Callable[[OpSpec], bool]]] = {
     # name: (check, applies to the spec?)
     "sum-loss": (sum_loss, lambda spec: bool(spec.differentiable)),
@@ -173,6 +199,7 @@ CHECKS: dict[str, tuple[Callable, Callable[[OpSpec], bool]]] = {
     "retain-graph": (retain_graph, lambda spec: bool(spec.differentiable)),
     "views": (fused_views, lambda spec: spec.fusion is not None and bool(spec.layout_args)),
     "version-counter": (version_counter, lambda spec: True),
+    "deterministic": (deterministic, lambda spec: True),
 }
 
 

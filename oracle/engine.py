@@ -223,7 +223,7 @@ def run_impl(spec: OpSpec, case: Case, impl: Implementation, prepared: Prepared,
         raise TypeError(f"{spec.name} returned {len(outs)} value(s), the contract has {len(spec.outputs)}")
     outputs = dict(zip(spec.outputs, outs))
     findings += changed_findings(watched, "snapshot", "forward", "changed but is not declared in CLOBBERS")
-    findings += _buffers_hold(spec, args, outputs)
+    findings += _buffers_hold(spec, args, outputs, clobbers)
     forward_bits = {n: bits(t).clone() for n, t in outputs.items()}
 
     grads = {}
@@ -301,10 +301,13 @@ def changed_findings(snapshot: Snapshot, check: str, phase: str, message: str) -
             for name, d in snapshot.changed().items()]
 
 
-def _buffers_hold(spec: OpSpec, args: dict, outputs: dict) -> list[Finding]:
-    """Raw kernels promise their results live in named argument buffers."""
+def _buffers_hold(spec: OpSpec, args: dict, outputs: dict, clobbers: set[str]) -> list[Finding]:
+    """A raw kernel that declares it overwrites a buffer (CLOBBERS) promises that buffer holds its
+    result; one that returns fresh tensors and declares nothing is just as valid."""
     out = []
     for output, buffer in spec.buffers_hold_outputs.items():
+        if buffer not in clobbers:
+            continue
         got, home = outputs[output], args[buffer]
         same = got.data_ptr() == home.data_ptr() and got.shape == home.shape and got.stride() == home.stride()
         if not same or not torch.equal(bits(got), bits(home)):

@@ -1,8 +1,14 @@
 """Implementations under test (design.md §2): built-in names and ``package.module:attr`` loading.
 
 An implementation is any object exposing some of the contract's callables (``rms_norm``, ``rope``,
-``swiglu``, ``swiglu_fg_kernel``, ``swiglu_DWf_DW_dfg_kernel``) and optionally ``CLOBBERS``. Ops it
-lacks are skipped and listed, never failed.
+``swiglu``, ``swiglu_fg_kernel``, ``swiglu_DWf_DW_dfg_kernel``) and optionally:
+
+- ``CLOBBERS``: {op: argument names the op may overwrite};
+- ``LACKING``: {op: why it is not provided}. A run asks for every op (or those named with
+  ``--ops``); an op the implementation neither exposes nor declares here is an error, so that a
+  misspelt name (``rmsnorm``) or a wrong import can never pass as "skipped". Declared ones are
+  skipped and listed at the end of the run;
+- ``NO_FLOAT64``: ops that have no float64 path. Only these skip the float64 checks (gradcheck).
 
 Built in:
 - ``kernels``: this project's Triton kernels (the default).
@@ -16,6 +22,7 @@ Built in:
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 from dataclasses import dataclass
@@ -45,6 +52,37 @@ class Implementation:
 
     def lacking(self) -> list[str]:
         return [op for op in OPS if self.op(op) is None]
+
+    def declared_lacking(self) -> dict[str, str]:
+        return dict(getattr(self.target, "LACKING", {}))
+
+    def takes_float64(self, op: str) -> bool:
+        return op not in set(getattr(self.target, "NO_FLOAT64", ()))
+
+    def select(self, wanted: list[str] | None = None) -> list[str]:
+        """The ops a run tests: ``wanted`` (every op when None) less the ops the implementation
+        declares it lacks. Raises ValueError, naming near misses, for any other op it lacks."""
+        unknown = sorted(set(wanted or ()) - set(OPS))
+        if unknown:
+            raise ValueError(f"unknown op(s) {', '.join(unknown)}: the contract's ops are {', '.join(OPS)}")
+        asked = [op for op in OPS if wanted is None or op in wanted]
+        declared = self.declared_lacking()
+        if wanted is not None:
+            refused = [op for op in asked if op in declared and self.op(op) is None]
+            if refused:
+                raise ValueError(f"{self.name} declares it lacks {', '.join(refused)} "
+                                 f"({'; '.join(declared[op] for op in refused)}), yet --ops asks for it")
+        missing = [op for op in asked if self.op(op) is None and op not in declared]
+        if missing:
+            raise ValueError(f"{self.name} lacks {', '.join(missing)}{self._near_misses(missing)}; test a subset with "
+                             "--ops, or declare LACKING = {op: reason} in the implementation")
+        return [op for op in asked if self.op(op) is not None]
+
+    def _near_misses(self, missing: list[str]) -> str:
+        names = [n for n in dir(self.target) if not n.startswith("_")]
+        hints = [f"{close[0]!r} is not {op!r}" for op in missing
+                 if (close := difflib.get_close_matches(op, names, n=1, cutoff=0.75))]
+        return f" ({'; '.join(hints)})" if hints else ""
 
 
 # --- hf -----------------------------------------------------------------------------------------
@@ -82,7 +120,12 @@ def _compile():
         rms_norm=lambda X, W, eps, gemma=False: rms(X, W, eps, gemma),
         rope=lambda Q, K, cos, sin, position_ids=None: rope(Q, K, cos, sin, position_ids),
         swiglu=lambda e, g: swiglu(e, g),
+        LACKING=_NO_RAW_KERNELS,
     )
+
+
+_NO_RAW_KERNELS = {op: "the raw SwiGLU kernels have no counterpart here"
+                   for op in ("swiglu_fg_kernel", "swiglu_DWf_DW_dfg_kernel")}
 
 
 # --- liger --------------------------------------------------------------------------------------
@@ -107,7 +150,8 @@ def _liger():
         # Liger takes the gathered rows, as HF's rotary embedding returns them: (batch, seq, head_dim).
         return LigerRopeFunction.apply(Q, K, *R.table_rows(Q, cos, sin, position_ids))
 
-    return SimpleNamespace(rms_norm=rms_norm, rope=rope, swiglu=lambda e, g: LigerSiLUMulFunction.apply(e, g))
+    return SimpleNamespace(rms_norm=rms_norm, rope=rope, swiglu=lambda e, g: LigerSiLUMulFunction.apply(e, g),
+                           LACKING=_NO_RAW_KERNELS)
 
 
 def _kernels():
@@ -136,5 +180,6 @@ def load(name: str) -> Implementation:
             raise ValueError(f"{module_name!r} has no attribute {attr!r}") from exc
     implementation = Implementation(name, target)
     if len(implementation.lacking()) == len(OPS):
-        raise ValueError(f"{name} exposes none of the contract's ops ({', '.join(OPS)})")
+        raise ValueError(f"{name} exposes none of the contract's ops ({', '.join(OPS)})"
+                         f"{implementation._near_misses(list(OPS))}")
     return implementation

@@ -65,7 +65,9 @@ class OpSpec:
     sweep: Callable[[bool], list[Case]]  # (full) -> the report's fixed grid
 
     # --- extras
-    gradcheck_case: Case | None = None  # a small float64 case for torch.autograd.gradcheck
+    # Small float64 cases, one per variant at least: torch.autograd.gradcheck of a hand-written
+    # backward, or (ops outside autograd, the raw kernels) the outputs against HF's formula in float64.
+    float64_cases: tuple[Case, ...] = ()
     buffers_hold_outputs: dict[str, str] = field(default_factory=dict)  # output -> argument whose buffer holds it
     fusion: Fusion | None = FUSE_LAST_DIM  # how the layout args share one storage in real models
     error_inputs: Callable[[], list[ErrorInput]] = list  # calls that must raise before any launch
@@ -364,8 +366,10 @@ RMS_NORM = OpSpec(
     reference=R.rms_norm, reference_reordered=R.rms_norm_reordered,
     cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.rms_norm_cases(budget, dtypes), stratified=C.rms_norm_stratified,
     make_args=_rms_norm_args, layout_args=("X",), layout_of=_layout_last_two, sweep=_rms_norm_sweep,
-    gradcheck_case=Case("rms_norm", "llama", "float64", {"lead": [2, 3], "cols": 5}, "transposed", "normal",
+    float64_cases=(Case("rms_norm", "llama", "float64", {"lead": [2, 3], "cols": 5}, "transposed", "normal",
                         {"eps": 1e-6, "weight": "same"}, seed=1),
+                   Case("rms_norm", "gemma", "float64", {"lead": [3], "cols": 6}, "strided", "normal",
+                        {"eps": 1e-6, "weight": "same"}, seed=2)),
     error_inputs=_rms_norm_errors,
     summed={"dW": _rms_norm_dW_terms, "dX": _rms_norm_dX_terms},
     noise={"Y": _rms_norm_noise_Y, "dX": _rms_norm_noise_dX, "dW": _rms_norm_noise_dW},
@@ -521,9 +525,10 @@ ROPE = OpSpec(
     differentiable=("Q", "K"), reference=R.rope, reference_reordered=R.rope_reordered,
     cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.rope_cases(budget, dtypes), stratified=C.rope_stratified,
     make_args=_rope_args, layout_args=("Q", "K"), layout_of=_layout_bshd, sweep=_rope_sweep, fusion=FUSE_HEADS,
-    gradcheck_case=Case("rope", "packed", "float64", {"batch": 2, "heads": 3, "kv_heads": 1, "seq": 3, "head_dim": 6,
-                                                      "max_pos": 8}, "transposed", "normal",
-                        {"theta": 10000.0, "rope_type": "default", "table": "float32"}, seed=1),
+    float64_cases=tuple(Case("rope", variant, "float64", {"batch": 2, "heads": 3, "kv_heads": 1, "seq": 3, "head_dim": 6,
+                                                          "max_pos": 8}, "transposed", "normal",
+                             {"theta": 10000.0, "rope_type": "default", "table": "float32"}, seed=1)
+                        for variant in ("plain", "packed")),
     error_inputs=_rope_errors,
     noise={"Q_out": _rope_noise("Q", False), "K_out": _rope_noise("K", False),
            "dQ": _rope_noise("Q_out", True), "dK": _rope_noise("K_out", True)},
@@ -642,7 +647,7 @@ SWIGLU = OpSpec(
     stratified=C.swiglu_stratified("swiglu"),
     make_args=_elementwise_args(("e", "g")), layout_args=("e", "g"), layout_of=_layout_last_two,
     sweep=_elementwise_sweep("swiglu"),
-    gradcheck_case=Case("swiglu", "default", "float64", {"shape": [3, 7]}, "transposed", "normal", {}, seed=1),
+    float64_cases=(Case("swiglu", "default", "float64", {"shape": [3, 7]}, "transposed", "normal", {}, seed=1),),
     error_inputs=_swiglu_errors(("e", "g"), raw=False), noise=_SWIGLU_NOISE,
 )
 
@@ -653,7 +658,9 @@ SWIGLU_FG = OpSpec(
     cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.swiglu_cases(budget, "swiglu_fg_kernel", dtypes),
     stratified=C.swiglu_stratified("swiglu_fg_kernel"),
     make_args=_elementwise_args(("e", "g")), layout_args=(), layout_of=_layout_last_two,
-    sweep=_elementwise_sweep("swiglu_fg_kernel"), error_inputs=_swiglu_errors(("e", "g"), raw=True),
+    sweep=_elementwise_sweep("swiglu_fg_kernel"),
+    float64_cases=(Case("swiglu_fg_kernel", "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers", {}, seed=1),),
+    error_inputs=_swiglu_errors(("e", "g"), raw=True),
     noise={"h": _SWIGLU_NOISE["h"]},
 )
 
@@ -667,6 +674,8 @@ SWIGLU_BACKWARD = OpSpec(
     make_args=_elementwise_args(("DW", "e", "g")), layout_args=(), layout_of=_layout_last_two,
     sweep=_elementwise_sweep("swiglu_DWf_DW_dfg_kernel"),
     buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"},
+    float64_cases=(Case("swiglu_DWf_DW_dfg_kernel", "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers",
+                        {}, seed=1),),
     error_inputs=_swiglu_errors(("DW", "e", "g"), raw=True), noise=_RAW_BACKWARD_NOISE,
 )
 

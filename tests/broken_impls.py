@@ -75,7 +75,35 @@ def _backward_returning_new_tensors(DW, e, g):
 raw_backward_not_in_place = SimpleNamespace(swiglu_DWf_DW_dfg_kernel=_backward_returning_new_tensors,
                                             CLOBBERS={"swiglu_DWf_DW_dfg_kernel": {"DW", "e", "g"}})
 
+# Not a bug: the same fresh tensors with nothing declared in CLOBBERS is a valid raw backward.
+raw_backward_fresh_tensors = SimpleNamespace(swiglu_DWf_DW_dfg_kernel=_backward_returning_new_tensors)
+
 only_swiglu = SimpleNamespace(swiglu=kernels.swiglu)
+
+# Misnamed: "rmsnorm" is not the contract's "rms_norm" (conftest fails the session, naming it).
+misnamed_rms_norm = SimpleNamespace(rmsnorm=kernels.rms_norm, rope=kernels.rope)
+
+# A partial implementation that says what it lacks, and why.
+declares_what_it_lacks = SimpleNamespace(
+    rope=kernels.rope, LACKING={op: "not written yet" for op in
+                                ("rms_norm", "swiglu", "swiglu_fg_kernel", "swiglu_DWf_DW_dfg_kernel")})
+
+
+class _RmsNormFailingInFloat64(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, X, W, eps, gemma):
+        return kernels.rms_norm(X, W, eps, gemma).detach()
+
+    @staticmethod
+    def backward(ctx, dY):
+        raise TypeError("accumulator dtype mismatch")
+
+
+# A backward that raises a TypeError mentioning "dtype": a failure, never a skip of gradcheck.
+backward_type_error = SimpleNamespace(rms_norm=lambda X, W, eps, gemma=False:
+                                      _RmsNormFailingInFloat64.apply(X, W, eps, gemma))
+# The same, declared: the implementation has no float64 path for rms_norm; only then is it skipped.
+declares_no_float64 = SimpleNamespace(rms_norm=backward_type_error.rms_norm, NO_FLOAT64={"rms_norm"})
 
 
 # --- aliasing checks ------------------------------------------------------------------------------
@@ -682,3 +710,24 @@ CATALOGUE: tuple[Bug, ...] = (
     Bug("swiglu_backward_swapped", "swiglu_DWf_DW_dfg_kernel", _EVERY_DTYPE,
         "raw backward stores de in e's buffer and df in g's: the two gradients swapped"),
 )
+
+
+# --- run-to-run nondeterminism: what atomics do to a GPU sum ---------------------------------------
+
+_calls = {"dW": 0}
+
+
+def _rms_norm_backward_dw_in_shifting_order(X, W, dY, eps, gemma):
+    """dW's rows added one at a time, starting at a row that moves on with every call (as atomics
+    arrive in another order on every run); each order as accurate as any other."""
+    r, normed, g, dW_rows = _rms_norm_backward_terms(X, W, dY, eps, gemma)
+    dX = r * (g - _projection(g, normed))
+    _calls["dW"] += 1
+    order = torch.roll(torch.arange(dW_rows.shape[0]), _calls["dW"])
+    dW = torch.zeros_like(dW_rows[0])
+    for row in order.tolist():
+        dW = dW + dW_rows[row]
+    return _rms_norm_gradients(X, W, dX, dW)
+
+
+nondeterministic_dw = SimpleNamespace(rms_norm=_rms_norm_with_backward(_rms_norm_backward_dw_in_shifting_order))

@@ -96,3 +96,17 @@ def test_6_version_counter_passes_when_autograd_is_told(device):
     assert _check_findings("version-counter", ROPE, "kernels", device) == []
     assert _check_findings("version-counter", RAW, "kernels", device) == []
     assert _check_findings("version-counter", RAW, "hf", device) == []
+
+
+def test_determinism_catches_a_sum_whose_order_changes_between_runs(device):
+    """Each run is as accurate as HF (the verdict passes it); only a second run shows other bits."""
+    case = Case("rms_norm", "llama", "float32", {"lead": [64], "cols": 40}, "contiguous", "normal",
+                {"eps": 1e-6, "weight": "same"}, seed=3)
+    findings = _check_findings("deterministic", case, "tests.broken_impls:nondeterministic_dw", device)
+    assert [(f.check, f.tensor) for f in findings] == [("deterministic", "dW")], findings
+    assert run_case("rms_norm", case, load("tests.broken_impls:nondeterministic_dw"), device).passed
+
+
+@pytest.mark.parametrize("case", [RMS, ROPE, SWIGLU, FG, RAW], ids=lambda c: c.op)
+def test_determinism_passes_for_the_kernels(case, device):
+    assert _check_findings("deterministic", case, "kernels", device) == []

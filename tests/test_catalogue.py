@@ -21,7 +21,7 @@ def _run_suite_test(bug: Bug, dtype: str, device) -> str | None:
     # Shrinking only shortens the report; the catch is what is measured here.
     test = settings(settings(), phases=[Phase.explicit, Phase.reuse, Phase.generate])(test)
     try:
-        test(impl=load(f"tests.broken_impls:{bug.name}"), device=device)
+        test(impl=load(f"tests.broken_impls:{bug.name}"), device=device, asked_ops=[bug.op])
     except Exception as exc:  # noqa: BLE001 - an AssertionError, or a group of them from hypothesis
         return str(exc)
     return None

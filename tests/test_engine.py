@@ -56,9 +56,15 @@ def test_ignoring_eps_passes_where_eps_does_not_matter(device):
     assert _run(ordinary, "tests.broken_impls:ignores_eps", device).passed
 
 
-def test_buffers_must_hold_the_raw_kernels_results(device):
+def test_buffers_declared_in_clobbers_must_hold_the_raw_kernels_results(device):
     result = _run(RAW, "tests.broken_impls:raw_backward_not_in_place", device)
     assert [f.check for f in result.findings] == ["buffers"] * 3, result.explain()
+
+
+def test_a_raw_backward_returning_fresh_tensors_and_declaring_nothing_passes(device):
+    """The contract lets a raw kernel keep its inputs and return new tensors, if it declares no CLOBBERS."""
+    result = _run(RAW, "tests.broken_impls:raw_backward_fresh_tensors", device)
+    assert result.passed, result.explain()
 
 
 def test_failure_output_names_case_metrics_and_repro(device):

@@ -14,8 +14,8 @@ from kernels.patching import apply_rotary_pos_emb, patch_model, patched, unpatch
 from oracle.compare import judge
 from oracle.specs import packed_positions
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-from transformers import (  # noqa: E402
+import transformers  # a dependency: its absence is an error, never a skip
+from transformers import (
     Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config,
     Qwen3ForCausalLM,
 )

@@ -13,12 +13,12 @@ import torch
 
 from oracle import reference as R
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed: nothing to prove against")
-from transformers.models.gemma.modeling_gemma import GemmaRMSNorm  # noqa: E402
-from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm  # noqa: E402
-from transformers.models.llama import modeling_llama  # noqa: E402
-from transformers.models.llama.configuration_llama import LlamaConfig  # noqa: E402
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm  # noqa: E402
+import transformers  # a dependency: its absence is an error, never a skip
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+from transformers.models.llama import modeling_llama
+from transformers.models.llama.configuration_llama import LlamaConfig
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 VERSION = transformers.__version__
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -1,0 +1,86 @@
+"""The runner cannot pass by accident: an implementation that is not there, misnames an op or lacks
+one fails the session before anything runs; gradcheck skips only where an implementation says it
+has no float64 path; ops left out are listed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oracle.impls import OPS, load
+from oracle.specs import SPECS
+from tests import test_ops
+
+ROOT = Path(__file__).parent.parent
+
+
+def _pytest(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+@pytest.mark.parametrize("impl, says", [
+    ("mypkg.typo:ops", "cannot import 'mypkg.typo': No module named 'mypkg'"),
+    ("tests.broken_impls:misnamed_rms_norm", "lacks rms_norm, swiglu"),
+    ("tests.broken_impls:only_swiglu", "lacks rms_norm, rope, swiglu_fg_kernel"),
+    ("nonsense", "unknown implementation 'nonsense'"),
+])
+def test_an_implementation_that_cannot_answer_fails_the_session(impl, says):
+    proc = _pytest("tests/test_ops.py", "--impl", impl)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
+    assert f"--impl {impl}: " in out and says in out, out
+    assert "passed" not in out and "skipped" not in out, out
+
+
+def test_misnamed_ops_are_named_and_missing_ones_can_be_left_out_with_ops():
+    misnamed = load("tests.broken_impls:misnamed_rms_norm")
+    with pytest.raises(ValueError, match="'rmsnorm' is not 'rms_norm'"):
+        misnamed.select()
+    assert misnamed.select(["rope"]) == ["rope"]
+    with pytest.raises(ValueError, match="lacks rms_norm"):
+        misnamed.select(["rope", "rms_norm"])
+    with pytest.raises(ValueError, match="unknown op"):
+        misnamed.select(["rmsnorm"])
+
+
+def test_declared_lacks_are_skipped_but_never_asked_for():
+    partial = load("tests.broken_impls:declares_what_it_lacks")
+    assert partial.select() == ["rope"]
+    with pytest.raises(ValueError, match="declares it lacks rms_norm"):
+        partial.select(["rms_norm"])
+    assert load("kernels").select() == list(OPS) and load("hf").select() == list(OPS)
+
+
+def test_ops_declared_lacking_are_listed_at_the_end_of_the_session():
+    proc = _pytest("tests/test_ops.py", "-k", "float64 and not every_variant",
+                   "--impl", "tests.broken_impls:declares_what_it_lacks")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "ops not tested" in out and "rms_norm: tests.broken_impls:declares_what_it_lacks declares it lacks it " \
+                                       "(not written yet)" in out, out
+    assert "2 passed" in out, out  # rope's two float64 cases; the others are skipped with the reason
+
+
+def test_a_backward_raising_a_dtype_type_error_fails_gradcheck(device):
+    case = SPECS["rms_norm"].float64_cases[0]
+    with pytest.raises(TypeError, match="accumulator dtype mismatch"):
+        test_ops.test_float64(case, load("tests.broken_impls:backward_type_error"), device, ["rms_norm"])
+    with pytest.raises(pytest.skip.Exception, match="NO_FLOAT64"):
+        test_ops.test_float64(case, load("tests.broken_impls:declares_no_float64"), device, ["rms_norm"])
+    test_ops.test_float64(case, load("kernels"), device, ["rms_norm"])  # and the check passes where all is well
+
+
+def test_no_dependency_is_imported_or_skipped():
+    """A dependency's absence must fail the run: a skip would hide the proof the oracle matches HF."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    dependencies = {re.split(r"[<>=\[ ]", d)[0] for d in project["dependencies"]}
+    for path in (ROOT / "tests").glob("*.py"):
+        skipped = set(re.findall(r"importorskip\(\s*[\"']([\w.]+)", path.read_text()))
+        assert not skipped & dependencies, f"{path.name} skips on missing {sorted(skipped & dependencies)}"
