@@ -89,14 +89,15 @@ def _inflight_file(worker: str) -> Path:
     return INFLIGHT / f"{worker}.json"
 
 
-def _record_inflight(case, impl: str | None) -> None:
+def _record_inflight(case, impl: str | None, check: str | None = None) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     path = _inflight_file(worker)
     if case is None:
         path.unlink(missing_ok=True)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"case": case.summary(), "repro": engine.repro_command(case, impl)}))
+    what = case.summary() + (f" [check {check}]" if check else "")
+    path.write_text(json.dumps({"case": what, "repro": engine.repro_command(case, impl, check)}))
 
 
 engine.INFLIGHT_HOOKS.append(_record_inflight)

@@ -24,10 +24,11 @@ import torch
 
 from .cases import Case
 from .compare import bit_identical
-from .engine import COVERAGE, Finding, changed_findings, guard_findings, place, prepare
+from .engine import COVERAGE, INFLIGHT_HOOKS, Finding, changed_findings, guard_findings, place, prepare
 from .impls import Implementation
 from .memory import GuardedTensor, Snapshot, bits, rehomed_allocations
 from .specs import OpSpec, fill, generator
+from .watchdog import time_limit
 
 
 def _verdict_findings(check: str, spec: OpSpec, got: dict, prepared, names) -> list[Finding]:
@@ -211,10 +212,16 @@ def run_check(name: str, spec: OpSpec, case: Case, impl: Implementation, device)
     """One check; an exception inside it is itself a finding (with the traceback's last lines)."""
     check, _ = CHECKS[name]
     COVERAGE[("check", spec.name, case.variant, case.dtype, name)] += 1
+    for hook in INFLIGHT_HOOKS:
+        hook(case, impl.name, name)
     try:
-        return check(spec, case, impl, device)
+        with time_limit(f"check {name} on {case.summary()}"):
+            return check(spec, case, impl, device)
     except Exception:  # noqa: BLE001 - report, do not lose the other checks
         return [Finding(name, spec.name, "-", "the check raised:\n" + traceback.format_exc(limit=-4))]
+    finally:
+        for hook in INFLIGHT_HOOKS:
+            hook(None, None)
 
 
 def run_all(spec: OpSpec, case: Case, impl: Implementation, device) -> dict[str, list[Finding]]:

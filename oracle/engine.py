@@ -30,6 +30,7 @@ from .compare import TensorVerdict, judge, summation_noise
 from .impls import Implementation
 from .memory import BROADCAST_ROWS, CONTIGUOUS, GuardedTensor, Layout, Snapshot, bits, copy_into, rehomed_allocations
 from .specs import SPECS, OpSpec, upstream_gradient
+from .watchdog import time_limit
 
 
 # Cases run in this process, by (op, dtype): the test session prints them at the end.
@@ -37,8 +38,9 @@ CASES_RUN: Counter = Counter()
 # What those cases and the aliasing checks covered, for the session's coverage summary:
 # ("case", op, variant, dtype, layout, grad_layout, values, past tiles) and ("check", op, variant, dtype, check).
 COVERAGE: Counter = Counter()
-# Called with (case, impl name) before a case runs and (None, None) after, so that a crash that
-# kills the process can still be traced to its case (conftest.py records it for xdist).
+# Called with (case, impl name[, check]) before a case or an aliasing check runs and (None, None)
+# after, so that a crash that kills the process can still be traced to it (conftest.py records it
+# for xdist).
 INFLIGHT_HOOKS: list[Callable] = []
 
 
@@ -344,8 +346,9 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
     for hook in INFLIGHT_HOOKS:
         hook(case, impl.name)
     try:
-        prepared = prepare(spec, case, device)
-        run = run_impl(spec, case, impl, prepared, device)
+        with time_limit(case.summary()):
+            prepared = prepare(spec, case, device)
+            run = run_impl(spec, case, impl, prepared, device)
         result.verdicts, unwritten = judge_all(spec, prepared, run)
         result.findings = run.findings + unwritten
         if result.findings or not all(v.passed for v in result.verdicts):

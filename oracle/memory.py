@@ -4,6 +4,10 @@ Every tensor the engine hands an implementation lives inside a larger buffer who
 hold a sentinel. Writes outside the tensor's own elements (margins, and the gaps between rows of
 a strided view) show up as changed sentinel bytes. Under the CPU interpreter there is no bounds
 checking at all, so this is the only way such a write is seen; unguarded, it corrupts the host heap.
+So the margins are as wide as the overruns kernels really make (a whole block, a head group, a
+row): each margin spans as many elements as the tensor itself, at least MARGIN_BYTES and at most
+MARGIN_CAP_BYTES (cheap at interpreter sizes; on a GPU the cap bounds the memory of large cases,
+where the hardware reports wilder accesses as illegal addresses).
 
 Allocations the implementation makes itself (``torch.empty`` and friends, called from Python) are
 re-homed into guarded buffers too, with their elements poisoned with NaN, so an output element the
@@ -21,7 +25,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 SENTINEL_BYTE = 0xA5  # every margin byte; 0xA5A5 is a finite bf16/fp16 value, so NaN writes show as changes
-MARGIN_BYTES = 256
+MARGIN_BYTES = 256  # the least margin on each side
+MARGIN_CAP_BYTES = 64 << 20  # the most
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -79,7 +84,7 @@ class GuardedTensor:
         strides = layout.strides(shape)
         span = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides)) if all(shape) else 0
         itemsize = torch.empty((), dtype=dtype).element_size()
-        margin = max(1, MARGIN_BYTES // itemsize)
+        margin = max(MARGIN_BYTES // itemsize, min(span, MARGIN_CAP_BYTES // itemsize), 1)
         self.start = margin + layout.offset
         self.buffer = torch.empty(self.start + span + margin, dtype=dtype, device=device)
         self.buffer.view(torch.uint8).fill_(SENTINEL_BYTE)

@@ -7,13 +7,17 @@ Each is an implementation object in the design.md §2 sense, loadable as
 from __future__ import annotations
 
 import math
+import signal
+import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
-import kernels
+import kernels  # before triton: it picks the interpreter on a machine without a GPU
+import triton
+import triton.language as tl
 from oracle import reference as R
 
 # --- the differential verdict ----------------------------------------------------------------------
@@ -242,13 +246,53 @@ def _rms_norm_crashing_on_wide_rows(X, W, eps, gemma=False):
     interpreter would); right otherwise. The report must record one crash and carry on."""
     if X.shape[-1] > 1000:
         import os
-        import signal
 
         os.kill(os.getpid(), signal.SIGSEGV)
     return kernels.rms_norm(X, W, eps, gemma)
 
 
 crashes_on_wide_rows = SimpleNamespace(rms_norm=_rms_norm_crashing_on_wide_rows)
+
+
+def _rms_norm_hanging_on_wide_rows(X, W, eps, gemma=False):
+    """Never returns on rows wider than 1000 (a loop in Python, as the interpreter runs kernels)."""
+    while X.shape[-1] > 1000:
+        time.sleep(0.01)
+    return kernels.rms_norm(X, W, eps, gemma)
+
+
+hangs_on_wide_rows = SimpleNamespace(rms_norm=_rms_norm_hanging_on_wide_rows)
+
+
+def _rms_norm_stuck_on_wide_rows(X, W, eps, gemma=False):
+    """Never returns on rows wider than 1000, deaf to signals (as a wait on a spinning GPU kernel)."""
+    if X.shape[-1] > 1000:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(3600)
+    return kernels.rms_norm(X, W, eps, gemma)
+
+
+stuck_on_wide_rows = SimpleNamespace(rms_norm=_rms_norm_stuck_on_wide_rows)
+
+
+@triton.jit
+def _zero_kernel(ptr, start, count, BLOCK: tl.constexpr):
+    offsets = start + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(ptr + offsets, tl.zeros((BLOCK,), dtype=ptr.dtype.element_ty), mask=offsets < start + count)
+
+
+def _rope_running_past_the_last_head_group(Q, K, cos, sin, position_ids=None, group=8):
+    """Right values, then a head loop that runs one whole group of heads past the last one: a raw
+    store of group x seq x head_dim elements beyond the end of Q's memory (no bounds checks on the
+    CPU interpreter: unguarded, that corrupts the host heap)."""
+    Q, K = kernels.rope(Q, K, cos, sin, position_ids)
+    span = 1 + sum((size - 1) * stride for size, stride in zip(Q.shape, Q.stride()))
+    count = group * Q.shape[2] * Q.shape[3]
+    _zero_kernel[(triton.cdiv(count, 256),)](Q, span, count, BLOCK=256)
+    return Q, K
+
+
+rope_overruns_head_group = SimpleNamespace(rope=_rope_running_past_the_last_head_group, CLOBBERS=kernels.CLOBBERS)
 
 
 # --- the catalogue: realistic numerical bugs, one op each -----------------------------------------

@@ -110,3 +110,12 @@ def test_determinism_catches_a_sum_whose_order_changes_between_runs(device):
 @pytest.mark.parametrize("case", [RMS, ROPE, SWIGLU, FG, RAW], ids=lambda c: c.op)
 def test_determinism_passes_for_the_kernels(case, device):
     assert _check_findings("deterministic", case, "kernels", device) == []
+
+
+def test_4_guard_bands_are_wide_enough_for_a_whole_head_group_overrun(device):
+    """A head loop one group too far writes group x seq x head_dim elements past Q: inside the guard
+    margins, a finding; with the old 256-byte margins it corrupted the heap and the process died."""
+    findings = _main_run_findings(ROPE, "tests.broken_impls:rope_overruns_head_group", device)
+    hit = [f for f in findings if f.check == "guard-band" and f.tensor == "Q"]
+    assert hit and "offset 384" in hit[0].message, findings  # right after Q's 2 x 4 x 3 x 16 elements
+    assert not _main_run_findings(ROPE, "kernels", device)

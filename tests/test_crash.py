@@ -3,8 +3,10 @@ xdist replaces the worker, and conftest.py names the case that was running and h
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,3 +23,21 @@ def test_a_crashing_case_is_named_and_the_rest_run():
     assert "1 failed, 1 passed" in out, out
     assert "crashed while running" in out and "crashed in case: rms_norm[llama] float32" in out, out
     assert "rerun: python -m oracle.repro --impl tests.broken_impls:crashes_on_wide_rows" in out, out
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the time limit uses SIGALRM")
+def test_hung_cases_become_verdicts_and_the_run_ends_in_bounded_time():
+    """A Python-level hang fails its case with the time limit's message; one deaf to signals (as a
+    wait on a spinning GPU kernel) ends its worker, which is named with its repro; the rest run."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-o",
+                           "python_files=check_*.py", "tests/crashing/check_hang.py", "-q"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "ORACLE_CASE_TIMEOUT": "3"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "2 failed, 1 passed" in out, out
+    assert "ran past the time limit of 3 s" in out, out
+    assert "crashed in case: rms_norm[llama] float32 lead=[2] cols=1500" in out, out
+    assert "rerun: python -m oracle.repro --impl tests.broken_impls:stuck_on_wide_rows" in out, out
+    assert time.monotonic() - start < 120

@@ -26,6 +26,7 @@ from .. import aliasing
 from ..cases import Case
 from ..engine import repro_command
 from ..specs import SPECS
+from ..watchdog import time_limit_s
 
 
 def columns_of(case: Case) -> int | None:
@@ -33,7 +34,11 @@ def columns_of(case: Case) -> int | None:
     dims = case.dims
     return dims.get("cols") or dims.get("head_dim") or (dims["shape"][-1] if "shape" in dims else None)
 
-TASK_TIMEOUT_S = 900  # a case that runs this long is treated like a crash (a hung kernel)
+def task_timeout_s() -> float:
+    """The backstop of the worker's own time limit (oracle/watchdog.py): past it, the worker is
+    killed and its task recorded as a crash (a worker that hangs outside any case, say)."""
+    limit = time_limit_s()
+    return 2 * limit + 60 if limit > 0 else 3600
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,8 @@ class _Worker:
                                      text=True, env=env)
 
     def ask(self, task: Task) -> dict | None:
-        """The worker's answer, or None if it died (or hung past TASK_TIMEOUT_S and was killed)."""
-        watchdog = threading.Timer(TASK_TIMEOUT_S, self.proc.kill)
+        """The worker's answer, or None if it died (or hung past task_timeout_s() and was killed)."""
+        watchdog = threading.Timer(task_timeout_s(), self.proc.kill)
         watchdog.start()
         try:
             self.proc.stdin.write(task.message() + "\n")
