@@ -60,12 +60,9 @@ def _swiglu_mlp_forward(module, x):
 
 
 @functools.lru_cache(maxsize=64)
-def _token_rows(rows: int, seq: int, batch: int, device: torch.device) -> torch.Tensor:
-    """Each token's row in the (rows * seq, head_dim) table; one tensor per shape, so that rope
-    checks its range once rather than on every layer. One table row set for the whole batch when
-    HF passes cos/sin with a batch of 1."""
-    positions = torch.arange(rows * seq, device=device).view(rows, seq)
-    return positions if rows == batch else positions.expand(batch, seq)
+def _token_rows(rows: int, seq: int, device: torch.device) -> torch.Tensor:
+    """Each token's row in the (rows * seq, head_dim) table, one tensor per shape (no allocation per layer)."""
+    return torch.arange(rows * seq, device=device).view(rows, seq)
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
@@ -77,7 +74,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     if unsqueeze_dim != 1:
         raise ValueError(f"unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
     rows, seq, head_dim = cos.shape
-    positions = _token_rows(rows, seq, q.shape[0], cos.device)
+    if rows == 1:  # one row set for the whole batch: token s takes row s, no position_ids (nor their range check)
+        return rope(q, k, cos[0], sin[0])
+    positions = _token_rows(rows, seq, cos.device)
     return rope(q, k, cos.reshape(rows * seq, head_dim), sin.reshape(rows * seq, head_dim), positions)
 
 

@@ -178,7 +178,7 @@ def _backward_stages(block: int, rows: int, itemsize: int) -> int:
     return 1
 
 
-def _validate(X: torch.Tensor, W: torch.Tensor, eps: object) -> float:
+def _validate(X: torch.Tensor, W: torch.Tensor, eps: object, gemma: object, write_dx_into_dy: object) -> float:
     _checks.require_float("X", X)
     _checks.require_float("W", W)
     _checks.require_kernel_device(X=X, W=W)
@@ -189,7 +189,9 @@ def _validate(X: torch.Tensor, W: torch.Tensor, eps: object) -> float:
     if W.dim() != 1 or W.shape[0] != X.shape[-1]:
         raise ValueError(f"W must have shape (n_cols,) = ({X.shape[-1]},), got {tuple(W.shape)}")
     row_block(X.shape[-1])  # raises for too many columns
-    return _checks.require_real("eps", eps)
+    _checks.require_bool("gemma", gemma)
+    _checks.require_bool("write_dx_into_dy", write_dx_into_dy)
+    return _checks.require_small_nonnegative("eps", eps)
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -224,7 +226,8 @@ class RMSNormFunction(torch.autograd.Function):
         compute = inv_var.dtype
         if n_rows == 0:
             return torch.zeros_like(X), torch.zeros_like(W), None, None, None
-        dX = dY if ctx.write_dx_into_dy and _can_overwrite(dY, X) else torch.empty(X.shape, dtype=X.dtype, device=X.device)
+        in_place = ctx.write_dx_into_dy and _can_overwrite(dY, X, W)
+        dX = dY if in_place else torch.empty(X.shape, dtype=X.dtype, device=X.device)
         # dX is contiguous, so only X or dY can ever need the contiguous fallback.
         layout, (dX, dY_rows, X_rows) = rows_addressable(dX, dY, X)
         block, warps = row_block(n_cols)
@@ -251,9 +254,11 @@ class RMSNormFunction(torch.autograd.Function):
         return dX, dW, None, None, None
 
 
-def _can_overwrite(dY: torch.Tensor, X: torch.Tensor) -> bool:
-    """dY's buffer can take dX only if it has X's dtype and owns each of its elements exactly once."""
-    return dY.dtype == X.dtype and dY.shape == X.shape and dY.is_contiguous()
+def _can_overwrite(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor) -> bool:
+    """dY's buffer can take dX only if it has X's dtype, owns each of its elements exactly once, and
+    shares no memory with X or W, which other programs may still be reading."""
+    return dY.dtype == X.dtype and dY.shape == X.shape and dY.is_contiguous() and \
+        not _checks.overlaps(dY, X) and not _checks.overlaps(dY, W)
 
 
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -271,7 +276,10 @@ def rms_norm(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool = False, 
     ``write_dx_into_dy=True`` lets backward write dX into the incoming gradient's buffer, saving
     one activation. UNSAFE when that gradient is shared: a residual add hands the same gradient
     tensor to both branches, and the other branch then reads dX instead. Only for callers that own
-    the gradient buffer. Ignored when dY cannot hold dX (other dtype, non-contiguous, expanded).
+    the gradient buffer. Ignored when dY cannot hold dX (other dtype, non-contiguous, expanded, or
+    sharing memory with X or W).
+
+    ``eps``: a real number in [0, 3.4e38]; ``gemma`` and ``write_dx_into_dy``: bools (TypeError otherwise).
     """
-    eps = _validate(X, W, eps)
-    return RMSNormFunction.apply(X, W, eps, bool(gemma), bool(write_dx_into_dy))
+    eps = _validate(X, W, eps, gemma, write_dx_into_dy)
+    return RMSNormFunction.apply(X, W, eps, gemma, write_dx_into_dy)

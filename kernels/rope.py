@@ -167,11 +167,15 @@ class RotatedInPlace(torch.autograd.Function):
         cos, sin, position_ids = ctx.saved_tensors
         dX_new = torch.empty(dX.shape, dtype=dX.dtype, device=dX.device)
         if dX.numel() > 0:
+            if position_ids is not None:  # written since forward? (.data and numpy writes bump no version)
+                require_positions_in_table(position_ids, cos.shape[0])
             _launch(dX, dX_new, None, None, cos, sin, position_ids, backward=True)
         return dX_new, None, None, None
 
 
-def _validate(Q, K, cos, sin, position_ids) -> None:
+def _validate(Q, K, cos, sin, position_ids) -> torch.Tensor | None:
+    """Every check, before any launch; returns position_ids as (batch, seq) (a (1, seq) row broadcast,
+    as HF broadcasts it), or None."""
     for name, t in (("Q", Q), ("K", K), ("cos", cos), ("sin", sin)):
         _checks.require_float(name, t)
     _checks.require_ndim("Q", Q, 4, "(batch, n_heads, seq, head_dim)")
@@ -187,14 +191,18 @@ def _validate(Q, K, cos, sin, position_ids) -> None:
         raise ValueError(f"K {tuple(K.shape)} must match Q {tuple(Q.shape)} in batch, seq and head_dim")
     if head_dim % 2:
         raise ValueError(f"head_dim must be even to rotate pairs, got {head_dim}")
-    if K.shape[1] == 0 or n_heads % K.shape[1]:
-        raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({K.shape[1]})")
+    if n_heads == 0 or K.shape[1] == 0 or n_heads % K.shape[1]:  # n_heads 0 would launch no program for K
+        raise ValueError(f"n_heads ({n_heads}) must be a positive multiple of n_kv_heads ({K.shape[1]})")
     if cos.dim() != 2 or cos.shape[1] != head_dim or sin.shape != cos.shape:
         raise ValueError(f"cos and sin must both be (max_pos, head_dim={head_dim}), "
                          f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    _validate_positions(position_ids, batch, seq, cos.shape[0])
+    position_ids = _positions_per_token(position_ids, batch, seq, cos.shape[0])
     for name, t in (("Q", Q), ("K", K)):
         _require_rotatable_in_place(name, t)
+    _checks.require_unaliased({"Q": Q, "K": K}, {name: t for name, t in tensors.items() if name not in ("Q", "K")})
+    if position_ids is not None:
+        require_positions_in_table(position_ids, cos.shape[0])  # last: the one check that reads data
+    return position_ids
 
 
 def _require_rotatable_in_place(name: str, t: torch.Tensor) -> None:
@@ -205,27 +213,39 @@ def _require_rotatable_in_place(name: str, t: torch.Tensor) -> None:
             what = "is a leaf" if base is t else "is a view of a leaf"
             raise ValueError(f"rope rotates {name} in place, and {name} {what} that requires grad; "
                              f"pass {name}.clone() (autograd forbids in-place changes to such leaves)")
-        if torch._debug_has_internal_overlap(t) == 1:
-            raise ValueError(f"{name} has elements that share memory (expanded?); rotate a copy")
 
 
-def _validate_positions(position_ids, batch: int, seq: int, max_pos: int) -> None:
+POSITION_DTYPES = (torch.int64, torch.int32)  # what torch indexing (HF's cos[position_ids]) takes as indices
+
+
+def _positions_per_token(position_ids, batch: int, seq: int, max_pos: int) -> torch.Tensor | None:
+    """position_ids checked for dtype and shape, and a (1, seq) row broadcast over the batch (stride 0)."""
     if position_ids is None:
         if seq > max_pos:
             raise ValueError(f"seq ({seq}) exceeds the table's {max_pos} positions")
-        return
-    if position_ids.dtype.is_floating_point or position_ids.dtype.is_complex or position_ids.dtype == torch.bool:
-        raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
+        return None
+    if position_ids.dtype not in POSITION_DTYPES:
+        raise TypeError(f"position_ids must be an int64 or int32 tensor, got {position_ids.dtype}")
+    if position_ids.dim() == 2 and position_ids.shape[0] == 1 and position_ids.shape[1] == seq:
+        return position_ids.expand(batch, seq)
     if tuple(position_ids.shape) != (batch, seq):
-        raise ValueError(f"position_ids must be (batch, seq) = ({batch}, {seq}), got {tuple(position_ids.shape)}")
-    # Reading the range costs a device-to-host sync; a model passes one position_ids tensor to
-    # every layer, so remember the verdict for this tensor until its contents change (_version).
-    checked = (position_ids._version, max_pos)
-    if position_ids.numel() and getattr(position_ids, "_rope_positions_checked", None) != checked:
-        low, high = (int(v) for v in torch.aminmax(position_ids))
-        if low < 0 or high >= max_pos:
-            raise ValueError(f"position_ids span [{low}, {high}], outside the table's rows [0, {max_pos - 1}]")
-        position_ids._rope_positions_checked = checked
+        raise ValueError(f"position_ids must be (batch, seq) = ({batch}, {seq}) or (1, seq), "
+                         f"got {tuple(position_ids.shape)}")
+    return position_ids
+
+
+def require_positions_in_table(position_ids: torch.Tensor, max_pos: int) -> None:
+    """Every position must name a row of the table, or the kernel would read past it.
+
+    Checked on every call, with one fused min/max and one host read: a verdict remembered between
+    calls could be bypassed by writes that no version counter sees (through ``.data``, numpy,
+    DLPack or another kernel). oracle.bench --position-check measures the cost.
+    """
+    if position_ids.numel() == 0:
+        return
+    low, high = torch.stack(torch.aminmax(position_ids)).tolist()
+    if low < 0 or high >= max_pos:
+        raise ValueError(f"position_ids span [{low}, {high}], outside the table's rows [0, {max_pos - 1}]")
 
 
 @torch.compiler.disable
@@ -236,12 +256,14 @@ def rope(Q: torch.Tensor, K: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     Q: (batch, n_heads, seq, head_dim), K: (batch, n_kv_heads, seq, head_dim), any strides, one
     dtype; cos, sin: (max_pos, head_dim) tables as HF builds them, fp32 or the model dtype (rows are
     cast to Q's dtype, as HF does); position_ids: (batch, seq) table rows per token (packed
-    sequences restart inside a row), None for 0..seq-1 in every row.
+    sequences restart inside a row), int64 or int32, (1, seq) for the same positions in every row,
+    None for 0..seq-1 in every row; their range is checked on every call (one host sync).
 
     Returns Q and K themselves, rotated. Q and K are overwritten (``CLOBBERS["rope"]``): a caller who
-    still needs the originals passes copies. Differentiable in Q and K.
+    still needs the originals passes copies; they must not share memory with each other or any other
+    argument, nor be expanded (ValueError). Differentiable in Q and K.
     """
-    _validate(Q, K, cos, sin, position_ids)
+    position_ids = _validate(Q, K, cos, sin, position_ids)
     if Q.numel() > 0:
         _launch(Q, Q, K, K, cos, sin, position_ids, backward=False)
     return (RotatedInPlace.apply(Q, cos, sin, position_ids), RotatedInPlace.apply(K, cos, sin, position_ids))

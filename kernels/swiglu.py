@@ -146,9 +146,11 @@ def swiglu_DWf_DW_dfg_kernel(DW: torch.Tensor, e: torch.Tensor, g: torch.Tensor)
     """Raw backward of a LoRA MLP: writes h into DW, df into e and de into g; returns (DW, e, g).
 
     DW is the gradient reaching h. All three buffers are overwritten (``CLOBBERS``); their version
-    counters are bumped, so autograd raises if anything had saved them for its own backward.
+    counters are bumped, so autograd raises if anything had saved them for its own backward. They
+    must not share memory (ValueError): one element would receive two of the outputs.
     """
     _validate(True, DW=DW, e=e, g=g)
+    _checks.require_unaliased({"DW": DW, "e": e, "g": g}, {})
     n = e.numel()
     if n:
         with launching():

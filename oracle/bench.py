@@ -18,6 +18,9 @@ Note [How fwd+bwd is measured]
 
 ``--gate`` compares each op's time ratio to torch.compile (measured in this same run) with the
 committed benchmark and exits 1 when one got worse by more than 10%.
+
+``--position-check`` times only what rope's position-id range check costs per call (runs on the
+CPU too, in seconds) and exits: see ``position_check_cost``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -283,6 +288,78 @@ def column_sweep(impls, dtype=torch.bfloat16, columns=(256, 1024, 4096, 16384, 6
     return out
 
 
+# --- the cost of rope's position range check ------------------------------------------------------
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def position_check_cost(shapes=((1, 2048), (4, 4096), (8, 8192)), calls: int = 300, repeats: int = 5) -> list[dict]:
+    """Microseconds per call of rope's position-id range check alone (one aminmax, one host read), per
+    (batch, seq), on the GPU when there is one, else the CPU: the best and the median of ``repeats``
+    loops of ``calls`` calls. On a GPU the host read also waits for all queued work; in a model that stall,
+    not the microseconds, is the cost (``rope_check_share`` measures it on a real rope call)."""
+    from kernels.rope import require_positions_in_table
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    for batch, seq in shapes:
+        positions = torch.randint(0, seq, (batch, seq), device=device)
+        require_positions_in_table(positions, seq)  # warm-up
+        per_call = []
+        for _ in range(repeats):
+            _synchronize(device)
+            start = time.perf_counter()
+            for _ in range(calls):
+                require_positions_in_table(positions, seq)
+            _synchronize(device)
+            per_call.append((time.perf_counter() - start) / calls * 1e6)
+        # the best loop is the cost itself; the median adds what a busy machine's scheduler took
+        rows.append({"device": device, "batch": batch, "seq": seq, "best_us_per_call": min(per_call),
+                     "median_us_per_call": statistics.median(per_call)})
+    return rows
+
+
+def rope_check_share(dtype=torch.bfloat16, batch=4, heads=32, kv_heads=8, seq=4096, head_dim=128) -> dict:
+    """GPU only: kernels.rope with packed position_ids at Llama-3-8B shapes, timed with the range
+    check and with it switched off, so the difference includes the stall of its host sync."""
+    import kernels
+    from kernels import rope as rope_module
+
+    from .specs import packed_positions
+
+    Q = _randn(batch, heads, seq, head_dim, dtype=dtype)
+    K = _randn(batch, kv_heads, seq, head_dim, dtype=dtype)
+    cos, sin = R.rotary_table(seq, head_dim, 500000.0, device="cuda")
+    positions = packed_positions(batch, seq, torch.Generator().manual_seed(0)).cuda()
+    with torch.no_grad():
+        with_check = median_ms(lambda: kernels.rope(Q, K, cos, sin, positions))
+        checked = rope_module.require_positions_in_table
+        rope_module.require_positions_in_table = lambda *_: None
+        try:
+            without_check = median_ms(lambda: kernels.rope(Q, K, cos, sin, positions))
+        finally:
+            rope_module.require_positions_in_table = checked
+    return {"shape": [batch, heads, kv_heads, seq, head_dim], "dtype": str(dtype).removeprefix("torch."),
+            "with_check_ms": with_check, "without_check_ms": without_check}
+
+
+def position_check_report() -> dict:
+    rows = position_check_cost()
+    for row in rows:
+        print(f"position check on {row['device']}: position_ids ({row['batch']}, {row['seq']}): "
+              f"{row['best_us_per_call']:.1f} us per call (median of loops {row['median_us_per_call']:.1f})")
+    result = {"schema": SCHEMA, "environment": environment(), "position_check": rows}
+    if torch.cuda.is_available():
+        share = rope_check_share()
+        result["rope_check_share"] = share
+        print(f"rope fwd {share['shape']} {share['dtype']}: {share['with_check_ms']:.4f} ms with the check, "
+              f"{share['without_check_ms']:.4f} ms without")
+    return result
+
+
 # --- targets and the gate -----------------------------------------------------------------------
 
 
@@ -401,7 +478,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-liger", action="store_true", help="leave Liger-Kernel out even if installed")
     parser.add_argument("--gate", action="store_true", help="exit 1 if a ratio to torch.compile regressed by >10%%")
     parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE, help="benchmark to gate against")
+    parser.add_argument("--position-check", action="store_true",
+                        help="only time rope's position-id range check per call (CPU too) and exit")
     args = parser.parse_args(argv)
+    if args.position_check:
+        result = position_check_report()
+        if args.json:
+            write_json_atomic(args.json, result)
+            print(f"wrote {args.json}")
+        return 0
     if not torch.cuda.is_available():
         print("error: oracle.bench times GPU kernels and needs a CUDA device; this machine has none "
               "(the correctness suite and the report run on CPU)", file=sys.stderr)

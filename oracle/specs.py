@@ -30,12 +30,23 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 
 @dataclass(frozen=True)
 class ErrorInput:
-    """A call that must raise ``error`` (with a message matching ``match``) before any kernel runs."""
+    """A bad or unusual input and the answer the contract demands (after PyTorch's OpInfo error_inputs):
+    raise ``error``, with a message matching ``match`` that names the argument, before any kernel
+    runs; or, where ``error`` is None, return what HF's reference returns for the same arguments.
+    Never a silently different result, never a crash (tests/test_bad_inputs.py runs them all)."""
 
     description: str
     args: Callable[[torch.device], dict]  # device -> arguments by name
-    error: type
-    match: str
+    error: type | None = None  # None: the result must be HF's
+    match: str = ""
+
+    @property
+    def expect(self) -> str:
+        return "hf" if self.error is None else "raises"
+
+    @classmethod
+    def same_as_hf(cls, description: str, args: Callable[[torch.device], dict]) -> ErrorInput:
+        return cls(description, args)
 
 
 @dataclass(frozen=True)
@@ -70,7 +81,7 @@ class OpSpec:
     float64_cases: tuple[Case, ...] = ()
     buffers_hold_outputs: dict[str, str] = field(default_factory=dict)  # output -> argument whose buffer holds it
     fusion: Fusion | None = FUSE_LAST_DIM  # how the layout args share one storage in real models
-    error_inputs: Callable[[], list[ErrorInput]] = list  # calls that must raise before any launch
+    error_inputs: Callable[[], list[ErrorInput]] = list  # bad inputs: raise before any launch, or HF's result
     regressions: tuple[Case, ...] = ()  # cases that once failed, pinned as @example in the generic tests
     # Compared tensors that are sums over many terms (compare.summation_noise): name ->
     # (float64 args, float64 upstream) -> (sum of |terms| per element, number of terms)
@@ -341,22 +352,81 @@ def _rms_norm_sweep(full: bool) -> list[Case]:
 
 
 def _rms_norm_errors() -> list[ErrorInput]:
-    def args(d, X_shape=(2, 4), W_shape=(4,), X_dtype=torch.float32, W_dtype=None, eps=1e-6, W_device=None):
-        X = torch.ones(X_shape, device=d, dtype=X_dtype) if not X_dtype.is_floating_point else \
-            torch.randn(X_shape, device=d).to(X_dtype)
-        W = torch.randn(W_shape, device=W_device or d).to(W_dtype or (X_dtype if X_dtype.is_floating_point else torch.float32))
-        return {"X": X, "W": W, "eps": eps, "gemma": False}
+    def args(d, X_shape=(2, 4), X_dtype=torch.float32, W_dtype=None, X_device=None, W_device=None, **given):
+        gen = torch.Generator().manual_seed(0)
+        X = torch.randn(X_shape, generator=gen).to(device=X_device or d, dtype=X_dtype)
+        W = torch.randn(X_shape[-1:], generator=gen).to(device=W_device or d, dtype=W_dtype or X_dtype)
+        return {"X": X, "W": W, "eps": 1e-6, "gemma": False} | given
 
-    return [
+    def changed(d, **how):  # the default arguments, some passed through a function
+        a = args(d)
+        return a | {name: fn(a[name]) for name, fn in how.items()}
+
+    def X_is_W(d):
+        X = torch.randn(4, generator=torch.Generator().manual_seed(0)).to(d)
+        return {"X": X, "W": X, "eps": 1e-6, "gemma": False}
+
+    raises = [
         ErrorInput("integer X", lambda d: args(d, X_dtype=torch.int32), TypeError, "X must be"),
+        ErrorInput("bool X", lambda d: args(d, X_dtype=torch.bool), TypeError, "X must be"),
+        ErrorInput("complex X", lambda d: args(d, X_dtype=torch.complex64), TypeError, "X must be"),
+        ErrorInput("integer W", lambda d: args(d, W_dtype=torch.int64), TypeError, "W must be"),
         ErrorInput("bf16 W with fp16 X", lambda d: args(d, X_dtype=torch.float16, W_dtype=torch.bfloat16),
                    TypeError, "W must have X's dtype"),
-        ErrorInput("W length != n_cols", lambda d: args(d, W_shape=(5,)), ValueError, r"W must have shape \(n_cols,\)"),
-        ErrorInput("more than 65536 columns", lambda d: args(d, X_shape=(1, 65537), W_shape=(65537,)), ValueError, "65536"),
-        ErrorInput("zero columns", lambda d: args(d, X_shape=(3, 0), W_shape=(0,)), ValueError, "n_cols >= 1"),
-        ErrorInput("eps not a number", lambda d: args(d, eps="1e-6"), TypeError, "eps"),
-        ErrorInput("tensors on different devices", lambda d: args(d, W_device="meta"), ValueError, "one device"),
+        ErrorInput("fp64 W with fp32 X", lambda d: args(d, W_dtype=torch.float64), TypeError, "W must have X's dtype"),
+        ErrorInput("X a nested list", lambda d: args(d, X=[[1.0, 2.0]]), TypeError, r"X must be a torch\.Tensor"),
+        ErrorInput("W None", lambda d: args(d, W=None), TypeError, r"W must be a torch\.Tensor"),
+        ErrorInput("W length != n_cols", lambda d: args(d, W=torch.randn(5, device=d)), ValueError,
+                   r"W must have shape \(n_cols,\)"),
+        ErrorInput("2-D W", lambda d: changed(d, W=lambda W: W[None]), ValueError, r"W must have shape \(n_cols,\)"),
+        ErrorInput("0-d X", lambda d: args(d, X_shape=()), ValueError, "X must have shape"),
+        ErrorInput("more than 65536 columns", lambda d: args(d, X_shape=(1, 65537)), ValueError, "65536"),
+        ErrorInput("zero columns", lambda d: args(d, X_shape=(3, 0)), ValueError, "n_cols >= 1"),
+        ErrorInput("eps a string", lambda d: args(d, eps="1e-6"), TypeError, "eps must be a real number"),
+        ErrorInput("eps None", lambda d: args(d, eps=None), TypeError, "eps must be a real number"),
+        ErrorInput("eps a bool", lambda d: args(d, eps=True), TypeError, "eps must be a real number"),
+        ErrorInput("eps a tensor", lambda d: args(d, eps=torch.tensor(1e-6)), TypeError, "eps must be a real number"),
+        ErrorInput("NaN eps", lambda d: args(d, eps=math.nan), ValueError, "eps must be finite"),
+        ErrorInput("negative eps", lambda d: args(d, eps=-1e-6), ValueError, "eps must be finite, >= 0"),
+        ErrorInput("infinite eps", lambda d: args(d, eps=math.inf), ValueError, "eps must be finite"),
+        ErrorInput("eps beyond float32's range", lambda d: args(d, eps=1e39), ValueError, "float32's largest"),
+        ErrorInput("gemma=1", lambda d: args(d, gemma=1), TypeError, "gemma must be a bool"),
+        ErrorInput("gemma='no'", lambda d: args(d, gemma="no"), TypeError, "gemma must be a bool"),
+        ErrorInput("gemma=None", lambda d: args(d, gemma=None), TypeError, "gemma must be a bool"),
+        ErrorInput("W on another device", lambda d: args(d, W_device="meta"), ValueError, "one device"),
+        ErrorInput("X on another device", lambda d: args(d, X_device="meta"), ValueError, "one device"),
+        ErrorInput("every tensor on meta", lambda d: args(d, X_device="meta", W_device="meta"), ValueError,
+                   "kernels run on"),
     ]
+    same_as_hf = [
+        ErrorInput.same_as_hf("zero rows", lambda d: args(d, X_shape=(0, 4))),
+        ErrorInput.same_as_hf("zero-size middle dim", lambda d: args(d, X_shape=(2, 0, 4))),
+        ErrorInput.same_as_hf("fp32 W with fp16 X", lambda d: args(d, X_dtype=torch.float16, W_dtype=torch.float32)),
+        ErrorInput.same_as_hf("fp32 W with bf16 X, Gemma",
+                              lambda d: args(d, X_dtype=torch.bfloat16, W_dtype=torch.float32, gemma=True)),
+        ErrorInput.same_as_hf("float64", lambda d: args(d, X_dtype=torch.float64)),
+        ErrorInput.same_as_hf("column-major X", lambda d: changed(d, X=lambda X: X.t().contiguous().t())),
+        ErrorInput.same_as_hf("expanded X (stride-0 rows)", lambda d: changed(d, X=lambda X: X[:1].expand(3, 4))),
+        ErrorInput.same_as_hf("X sliced at an offset", lambda d: args(d, X=torch.randn(5, 6, device=d)[1:3, 1:5])),
+        ErrorInput.same_as_hf("X whose four leading dims cannot merge",
+                              lambda d: args(d, X=torch.randn(2, 3, 4, 5, 6, device=d).permute(2, 0, 3, 1, 4),
+                                             W=torch.randn(6, device=d))),
+        ErrorInput.same_as_hf("every other element of W", lambda d: args(d, W=torch.randn(8, device=d)[::2])),
+        ErrorInput.same_as_hf("expanded W (stride 0)", lambda d: args(d, W=torch.full((1,), 0.5, device=d).expand(4))),
+        ErrorInput.same_as_hf("1-D X", lambda d: args(d, X_shape=(4,))),
+        ErrorInput.same_as_hf("X is W", X_is_W),
+        ErrorInput.same_as_hf("eps 0", lambda d: args(d, eps=0.0)),
+        ErrorInput.same_as_hf("integer eps", lambda d: args(d, eps=1)),
+        ErrorInput.same_as_hf("NaN and inf in X",
+                              lambda d: args(d, X=torch.tensor([[math.nan, 1.0], [math.inf, -math.inf]], device=d),
+                                             W=torch.ones(2, device=d))),
+        ErrorInput.same_as_hf("fp16 X whose squares overflow fp16",
+                              lambda d: args(d, X=torch.full((2, 4), 300.0, device=d, dtype=torch.float16),
+                                             W=torch.ones(4, device=d, dtype=torch.float16))),
+        ErrorInput.same_as_hf("X and W requiring grad",
+                              lambda d: changed(d, X=lambda X: X.requires_grad_(), W=lambda W: W.requires_grad_())),
+    ]
+    return raises + same_as_hf
 
 
 RMS_NORM = OpSpec(
@@ -490,32 +560,147 @@ def _rope_sweep(full: bool) -> list[Case]:
 
 
 def _rope_errors() -> list[ErrorInput]:
-    def args(d, q=(1, 4, 3, 8), k=(1, 2, 3, 8), table=(16, 8), positions=None, q_dtype=torch.float32,
-             k_dtype=torch.float32, leaf=False, table_device=None):
-        Q = torch.ones(q, dtype=q_dtype, device=d) if not q_dtype.is_floating_point else torch.randn(q, device=d).to(q_dtype)
-        return {"Q": Q.requires_grad_(leaf), "K": torch.randn(k, device=d).to(k_dtype),
-                "cos": torch.randn(table, device=table_device or d), "sin": torch.randn(table, device=d),
-                "position_ids": positions if positions is None else positions.to(d)}
+    def args(d, q=(1, 4, 3, 8), k=(1, 2, 3, 8), table=(16, 8), q_dtype=torch.float32, k_dtype=None,
+             table_dtype=torch.float32, leaf=False, **given):
+        gen = torch.Generator().manual_seed(0)
 
-    return [
+        def make(shape, dtype):
+            return torch.randn(shape, generator=gen).to(device=d, dtype=dtype)
+
+        return {"Q": make(q, q_dtype).requires_grad_(leaf), "K": make(k, k_dtype or q_dtype),
+                "cos": make(table, table_dtype), "sin": make(table, table_dtype), "position_ids": None} | given
+
+    def positions(d, rows, dtype=torch.int64):
+        return torch.tensor(rows, dtype=dtype, device=d)
+
+    def fused(d, q_columns, k_columns, heads=(4, 2)):
+        """Q and K as views of one (batch, seq, columns) projection, as a fused QKV layer makes them."""
+        base = torch.randn(1, 3, 48, device=d)
+        Q = base[..., q_columns].view(1, 3, heads[0], 8).transpose(1, 2)
+        K = base[..., k_columns].view(1, 3, heads[1], 8).transpose(1, 2)
+        return args(d, Q=Q, K=K)
+
+    def Q_is_K(d):
+        a = args(d, q=(1, 2, 3, 8))
+        return a | {"K": a["Q"]}
+
+    def cos_inside_Q(d):
+        a = args(d)
+        return a | {"cos": a["Q"].view(12, 8), "sin": torch.randn(12, 8, device=d)}
+
+    def meta(d):
+        return {name: t.to("meta") if isinstance(t, torch.Tensor) else t for name, t in args(d).items()}
+
+    raises = [
         ErrorInput("Q and K dtypes differ", lambda d: args(d, k_dtype=torch.float16), TypeError, "dtypes must match"),
-        ErrorInput("integer Q", lambda d: args(d, q_dtype=torch.int64), TypeError, "Q must be"),
+        ErrorInput("integer Q", lambda d: args(d, q_dtype=torch.int64, k_dtype=torch.float32), TypeError, "Q must be"),
+        ErrorInput("bool K", lambda d: args(d, k_dtype=torch.bool), TypeError, "K must be"),
+        ErrorInput("complex Q", lambda d: args(d, q_dtype=torch.complex64, k_dtype=torch.float32), TypeError,
+                   "Q must be"),
+        ErrorInput("integer table", lambda d: args(d, table_dtype=torch.int32), TypeError, "cos must be"),
+        ErrorInput("Q None", lambda d: args(d, Q=None), TypeError, r"Q must be a torch\.Tensor"),
+        ErrorInput("sin a list", lambda d: args(d, sin=[[0.0] * 8] * 16), TypeError, r"sin must be a torch\.Tensor"),
         ErrorInput("n_heads not a multiple of n_kv_heads", lambda d: args(d, q=(1, 5, 3, 8)), ValueError, "multiple"),
+        ErrorInput("Q with zero heads", lambda d: args(d, q=(1, 0, 3, 8)), ValueError, "positive multiple"),
+        ErrorInput("K with zero heads", lambda d: args(d, k=(1, 0, 3, 8)), ValueError, "multiple"),
         ErrorInput("head_dim mismatch with the table", lambda d: args(d, table=(16, 6)), ValueError, "cos and sin"),
         ErrorInput("K's head_dim differs", lambda d: args(d, k=(1, 2, 3, 6)), ValueError, "must match Q"),
-        ErrorInput("odd head_dim", lambda d: args(d, q=(1, 4, 3, 7), k=(1, 2, 3, 7), table=(16, 7)), ValueError, "even"),
-        ErrorInput("3-D Q", lambda d: args(d, q=(4, 3, 8)), ValueError, "4-D"),
-        ErrorInput("position beyond the table", lambda d: args(d, positions=torch.tensor([[0, 1, 16]])),
+        ErrorInput("K's batch differs", lambda d: args(d, k=(2, 2, 3, 8)), ValueError, "must match Q"),
+        ErrorInput("odd head_dim", lambda d: args(d, q=(1, 4, 3, 7), k=(1, 2, 3, 7), table=(16, 7)), ValueError,
+                   "even"),
+        ErrorInput("3-D Q", lambda d: args(d, q=(4, 3, 8)), ValueError, "Q must be 4-D"),
+        ErrorInput("5-D K", lambda d: args(d, k=(1, 1, 2, 3, 8)), ValueError, "K must be 4-D"),
+        ErrorInput("1-D tables", lambda d: args(d, table=(16,)), ValueError, "cos and sin"),
+        ErrorInput("cos and sin of different lengths", lambda d: args(d, sin=torch.randn(12, 8, device=d)),
+                   ValueError, "cos and sin"),
+        ErrorInput("seq longer than the table", lambda d: args(d, q=(1, 4, 20, 8), k=(1, 2, 20, 8)), ValueError,
+                   "exceeds"),
+        ErrorInput("empty table", lambda d: args(d, table=(0, 8)), ValueError, "exceeds"),
+        ErrorInput("position beyond the table", lambda d: args(d, position_ids=positions(d, [[0, 1, 16]])),
                    ValueError, "outside the table"),
-        ErrorInput("negative position", lambda d: args(d, positions=torch.tensor([[0, -1, 2]])),
+        ErrorInput("negative position", lambda d: args(d, position_ids=positions(d, [[0, -1, 2]])),
                    ValueError, "outside the table"),
-        ErrorInput("position_ids of the wrong shape", lambda d: args(d, positions=torch.zeros(2, 3, dtype=torch.int64)),
+        ErrorInput("position beyond the table, int32",
+                   lambda d: args(d, position_ids=positions(d, [[0, 99, 2]], torch.int32)), ValueError,
+                   "outside the table"),
+        ErrorInput("position_ids of the wrong shape", lambda d: args(d, position_ids=positions(d, [[0, 1, 2]] * 2)),
                    ValueError, r"\(batch, seq\)"),
-        ErrorInput("float position_ids", lambda d: args(d, positions=torch.zeros(1, 3)), TypeError, "integer"),
-        ErrorInput("seq longer than the table", lambda d: args(d, q=(1, 4, 20, 8), k=(1, 2, 20, 8)), ValueError, "exceeds"),
+        ErrorInput("1-D position_ids", lambda d: args(d, position_ids=positions(d, [0, 1, 2])), ValueError,
+                   r"\(batch, seq\)"),
+        ErrorInput("float position_ids", lambda d: args(d, position_ids=torch.zeros(1, 3, device=d)), TypeError,
+                   "int64 or int32"),
+        ErrorInput("bool position_ids", lambda d: args(d, position_ids=torch.zeros(1, 3, dtype=torch.bool, device=d)),
+                   TypeError, "int64 or int32"),
+        ErrorInput("int16 position_ids", lambda d: args(d, position_ids=positions(d, [[0, 1, 2]], torch.int16)),
+                   TypeError, "int64 or int32"),
+        ErrorInput("uint8 position_ids (torch would take them as a mask)",
+                   lambda d: args(d, position_ids=positions(d, [[0, 1, 2]], torch.uint8)), TypeError, "int64 or int32"),
+        ErrorInput("position_ids a list", lambda d: args(d, position_ids=[[0, 1, 2]]), TypeError,
+                   r"position_ids must be a torch\.Tensor"),
         ErrorInput("leaf Q requiring grad", lambda d: args(d, leaf=True), ValueError, "in place"),
-        ErrorInput("table on another device", lambda d: args(d, table_device="meta"), ValueError, "one device"),
+        ErrorInput("table on another device", lambda d: args(d, cos=torch.randn(16, 8, device="meta")), ValueError,
+                   "one device"),
+        ErrorInput("position_ids on another device",
+                   lambda d: args(d, position_ids=torch.zeros(1, 3, dtype=torch.int64, device="meta")), ValueError,
+                   "one device"),
+        ErrorInput("every tensor on meta", meta, ValueError, "kernels run on"),
+        ErrorInput("Q is K", Q_is_K, ValueError, "Q and K share memory"),
+        ErrorInput("K a view of Q's first heads", lambda d: (lambda a: a | {"K": a["Q"][:, :2]})(args(d)), ValueError,
+                   "Q and K share memory"),
+        ErrorInput("K overlapping Q by one head in a fused projection", lambda d: fused(d, slice(0, 32), slice(24, 40)),
+                   ValueError, "Q and K share memory"),
+        ErrorInput("expanded Q (stride-0 heads)",
+                   lambda d: args(d, Q=torch.randn(1, 1, 3, 8, device=d).expand(1, 4, 3, 8)), ValueError,
+                   "Q has elements that share memory"),
+        ErrorInput("expanded K (stride-0 batch)",
+                   lambda d: args(d, q=(2, 4, 3, 8), K=torch.randn(1, 2, 3, 8, device=d).expand(2, 2, 3, 8)),
+                   ValueError, "K has elements that share memory"),
+        ErrorInput("unfolded Q (overlapping windows)",
+                   lambda d: args(d, Q=torch.randn(1, 4, 10, device=d).unfold(2, 8, 1)), ValueError,
+                   "Q has elements that share memory"),
+        ErrorInput("cos a view of Q's memory", cos_inside_Q, ValueError, "Q and cos share memory"),
     ]
+    same_as_hf = [
+        ErrorInput.same_as_hf("int32 position_ids",
+                              lambda d: args(d, position_ids=positions(d, [[2, 0, 1]], torch.int32))),
+        ErrorInput.same_as_hf("(1, seq) position_ids for a batch of 2",
+                              lambda d: args(d, q=(2, 4, 3, 8), k=(2, 2, 3, 8),
+                                             position_ids=positions(d, [[2, 0, 1]]))),
+        ErrorInput.same_as_hf("column-major position_ids",
+                              lambda d: args(d, q=(2, 4, 3, 8), k=(2, 2, 3, 8),
+                                             position_ids=positions(d, [[0, 2], [4, 6], [8, 10]]).t())),
+        ErrorInput.same_as_hf("positions at the table's last row",
+                              lambda d: args(d, position_ids=positions(d, [[15, 0, 15]]))),
+        ErrorInput.same_as_hf("packed positions restarting", lambda d: args(d, position_ids=positions(d, [[0, 1, 0]]))),
+        ErrorInput.same_as_hf("Q and K interleaved views of a fused projection",
+                              lambda d: fused(d, slice(0, 32), slice(32, 48))),
+        ErrorInput.same_as_hf("Q and K transposed from (batch, seq, heads, head_dim)",
+                              lambda d: args(d, Q=torch.randn(1, 3, 4, 8, device=d).transpose(1, 2),
+                                             K=torch.randn(1, 3, 2, 8, device=d).transpose(1, 2))),
+        ErrorInput.same_as_hf("float64 table with float32 Q", lambda d: args(d, table_dtype=torch.float64)),
+        ErrorInput.same_as_hf("cos float32, sin bfloat16",
+                              lambda d: args(d, sin=torch.randn(16, 8, device=d).to(torch.bfloat16))),
+        ErrorInput.same_as_hf("cos is sin", lambda d: (lambda a: a | {"sin": a["cos"]})(args(d))),
+        ErrorInput.same_as_hf("column-strided table", lambda d: args(d, cos=torch.randn(16, 16, device=d)[:, ::2],
+                                                                     sin=torch.randn(16, 16, device=d)[:, 1::2])),
+        ErrorInput.same_as_hf("column-major table", lambda d: args(d, cos=torch.randn(8, 16, device=d).t(),
+                                                                   sin=torch.randn(8, 16, device=d).t())),
+        ErrorInput.same_as_hf("float64", lambda d: args(d, q_dtype=torch.float64, table_dtype=torch.float64)),
+        ErrorInput.same_as_hf("bfloat16 Q and K with a float32 table", lambda d: args(d, q_dtype=torch.bfloat16)),
+        ErrorInput.same_as_hf("zero batch", lambda d: args(d, q=(0, 4, 3, 8), k=(0, 2, 3, 8))),
+        ErrorInput.same_as_hf("zero batch with empty position_ids",
+                              lambda d: args(d, q=(0, 4, 3, 8), k=(0, 2, 3, 8),
+                                             position_ids=torch.zeros(0, 3, dtype=torch.int64, device=d))),
+        ErrorInput.same_as_hf("zero seq", lambda d: args(d, q=(1, 4, 0, 8), k=(1, 2, 0, 8))),
+        ErrorInput.same_as_hf("NaN and inf in Q",
+                              lambda d: args(d, Q=torch.tensor([math.nan, math.inf, -math.inf, 1.0], device=d)
+                                             .repeat(24).view(1, 4, 3, 8))),
+        ErrorInput.same_as_hf("as many kv heads as heads", lambda d: args(d, k=(1, 4, 3, 8))),
+        ErrorInput.same_as_hf("Q and K requiring grad through a clone",
+                              lambda d: (lambda a: a | {"Q": a["Q"].requires_grad_().clone(),
+                                                        "K": a["K"].requires_grad_().clone()})(args(d))),
+    ]
+    return raises + same_as_hf
 
 
 ROPE = OpSpec(
@@ -615,25 +800,82 @@ def _elementwise_sweep(op: str) -> Callable[[bool], list[Case]]:
 
 
 def _swiglu_errors(names: tuple[str, ...], raw: bool) -> Callable[[], list[ErrorInput]]:
+    """The error inputs of the autograd op (raw=False) and of the raw kernels, whose arguments are
+    ``names``: ("e", "g"), or ("DW", "e", "g") for the backward, which writes into all three."""
+    writes_inputs = "DW" in names
+
     def errors() -> list[ErrorInput]:
-        def args(d, shapes=None, dtypes=None, transposed=()):
+        def args(d, shapes=None, dtypes=None, transposed=(), **given):
+            gen = torch.Generator().manual_seed(0)
             shapes = {n: (3, 4) for n in names} | (shapes or {})
             dtypes = dtypes or {}
             out = {}
             for n in names:
-                dtype = dtypes.get(n, torch.float32)
-                t = torch.randn(shapes[n], device=d).to(dtype) if dtype.is_floating_point else \
-                    torch.ones(shapes[n], device=d, dtype=dtype)
+                t = torch.randn(shapes[n], generator=gen).to(device=d, dtype=dtypes.get(n, torch.float32))
                 out[n] = t.t().contiguous().t() if n in transposed else t
-            return out
+            return out | given
+
+        def views_of_one_buffer(d, rows_apart: int):
+            """Each argument a block of 3 rows of one buffer, starting ``rows_apart`` rows after the previous."""
+            buffer = torch.randn(3 + rows_apart * (len(names) - 1), 4, device=d)
+            return {n: buffer[i * rows_apart: i * rows_apart + 3] for i, n in enumerate(names)}
+
+        def same_tensor(first: str, second: str):
+            return lambda d: (lambda a: a | {second: a[first]})(args(d))
+
+        def values(d, *rows):
+            return args(d, **{n: torch.tensor(rows, device=d) for n in names})
 
         out = [
             ErrorInput("shapes differ", lambda d: args(d, shapes={"g": (3, 5)}), ValueError, "shapes must match"),
+            ErrorInput("g broadcastable but not e's shape", lambda d: args(d, shapes={"g": (4,)}), ValueError,
+                       "shapes must match"),
             ErrorInput("dtypes differ", lambda d: args(d, dtypes={"g": torch.float16}), TypeError, "dtypes must match"),
             ErrorInput("integer e", lambda d: args(d, dtypes={"e": torch.int32}), TypeError, "e must be"),
+            ErrorInput("bool g", lambda d: args(d, dtypes={"g": torch.bool}), TypeError, "g must be"),
+            ErrorInput("complex e", lambda d: args(d, dtypes={"e": torch.complex64}), TypeError, "e must be"),
+            ErrorInput("e a list", lambda d: args(d, e=[[1.0] * 4] * 3), TypeError, r"e must be a torch\.Tensor"),
+            ErrorInput("g None", lambda d: args(d, g=None), TypeError, r"g must be a torch\.Tensor"),
+            ErrorInput("g on another device", lambda d: args(d, g=torch.randn(3, 4, device="meta")), ValueError,
+                       "one device"),
+            ErrorInput("every tensor on meta", lambda d: args("meta"), ValueError, "kernels run on"),
+            ErrorInput.same_as_hf("zero elements", lambda d: args(d, shapes={n: (0, 5) for n in names})),
+            ErrorInput.same_as_hf("0-d tensors", lambda d: args(d, shapes={n: () for n in names})),
+            ErrorInput.same_as_hf("float64", lambda d: args(d, dtypes={n: torch.float64 for n in names})),
+            ErrorInput.same_as_hf("NaN, inf and huge values", lambda d: values(d, [math.nan, math.inf, -math.inf, 1e30],
+                                                                               [-1e30, 100.0, -100.0, 0.0])),
+            ErrorInput.same_as_hf("fp16 products overflowing to inf",
+                                  lambda d: args(d, dtypes={n: torch.float16 for n in names},
+                                                 **{n: torch.full((3, 4), 300.0, dtype=torch.float16, device=d)
+                                                    for n in names})),
+            ErrorInput.same_as_hf("disjoint views of one buffer", lambda d: views_of_one_buffer(d, rows_apart=3)),
         ]
         if raw:
-            out.append(ErrorInput("non-contiguous e", lambda d: args(d, transposed=("e",)), ValueError, "contiguous"))
+            out += [
+                ErrorInput("non-contiguous e", lambda d: args(d, transposed=("e",)), ValueError, "contiguous"),
+                ErrorInput("expanded e", lambda d: args(d, e=torch.randn(1, 4, device=d).expand(3, 4)), ValueError,
+                           "contiguous"),
+            ]
+        else:
+            out += [
+                ErrorInput.same_as_hf("column-major e", lambda d: args(d, transposed=("e",))),
+                ErrorInput.same_as_hf("expanded e", lambda d: args(d, e=torch.randn(1, 4, device=d).expand(3, 4))),
+                ErrorInput.same_as_hf("e and g requiring grad",
+                                      lambda d: {n: t.requires_grad_() for n, t in args(d).items()}),
+            ]
+        if writes_inputs:
+            out += [
+                ErrorInput("DW is e", same_tensor("DW", "e"), ValueError, "DW and e share memory"),
+                ErrorInput("DW is g", same_tensor("DW", "g"), ValueError, "DW and g share memory"),
+                ErrorInput("e is g", same_tensor("e", "g"), ValueError, "e and g share memory"),
+                ErrorInput("e, g and DW overlapping views of one buffer",
+                           lambda d: views_of_one_buffer(d, rows_apart=1), ValueError, "share memory"),
+                ErrorInput("DW is e through DLPack",
+                           lambda d: (lambda a: a | {"DW": torch.from_dlpack(a["e"])})(args(d)), ValueError,
+                           "DW and e share memory"),
+            ]
+        else:
+            out.append(ErrorInput.same_as_hf("e is g", same_tensor("e", "g")))  # read only: sharing is harmless
         return out
 
     return errors
