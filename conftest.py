@@ -145,7 +145,7 @@ def coverage_lines(coverage: Counter) -> list[str]:
     (variant x dtype, input and gradient layouts, kinds of values, cases past the tiles, and
     check x variant x dtype), naming whatever was missed."""
     from oracle import aliasing
-    from oracle.cases import FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS
+    from oracle.cases import FLOAT_DTYPES
     from oracle.specs import SPECS
 
     cases = [key[1:] for key in coverage if key[0] == "case"]
@@ -157,8 +157,8 @@ def coverage_lines(coverage: Counter) -> list[str]:
             continue
         wanted = {
             "variant x dtype": {(v, d) for v in spec.variants for d in FLOAT_DTYPES},
-            "layouts": set(LAYOUTS) if spec.layout_args else {"contiguous"},
-            "gradient layouts": set(GRAD_LAYOUTS) if spec.differentiable else {"contiguous"},
+            "layouts": spec.input_layouts(),
+            "gradient layouts": spec.gradient_layouts(),
             "checks x variant x dtype": {(k, v, d) for k in aliasing.applicable(spec) for v in spec.variants
                                          for d in FLOAT_DTYPES},
         }

@@ -106,6 +106,14 @@ class OpSpec:
     def grad_names(self) -> tuple[str, ...]:
         return tuple("d" + name for name in self.differentiable)
 
+    def input_layouts(self) -> set[str]:
+        """The layouts its cases place inputs in: all of them where any argument follows the case's."""
+        return set(C.LAYOUTS) if self.layout_args else {"contiguous"}
+
+    def gradient_layouts(self) -> set[str]:
+        """The layouts incoming gradients reach its backward in (contiguous only outside autograd)."""
+        return set(C.GRAD_LAYOUTS) if self.differentiable else {"contiguous"}
+
     def compared(self) -> tuple[str, ...]:
         """Every tensor the verdict judges: the outputs, then the gradients."""
         return self.outputs + self.grad_names()
@@ -213,24 +221,17 @@ def _rms_norm_args(case: Case, device) -> dict:
 
 def _rms_norm_dW_terms(args: dict, upstream: dict) -> tuple[torch.Tensor, int]:
     """dW_j = sum over rows of dY_rj * normed_rj: sum of |terms| per column, and the row count."""
-    x = args["X"].to(torch.float64)
-    inv_var = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + args["eps"])
-    terms = (upstream["Y"].to(torch.float64) * x * inv_var).abs().reshape(-1, x.shape[-1])
-    return terms.sum(0), terms.shape[0]
+    _, total, rows = _rms_norm_dW_magnitudes(_RmsNormParts(args, upstream))
+    return total, rows
 
 
 def _rms_norm_dX_terms(args: dict, upstream: dict) -> tuple[torch.Tensor, int]:
     """dX = r*g - normed*r*mean(g*normed): a difference of two terms (each a product of rounded
     factors). With one or two columns they nearly cancel, so dX's noise sits at the terms' scale;
     rsqrt's last-bit error on a GPU is enough to move it."""
-    x = args["X"].to(torch.float64)
-    w = args["W"].to(torch.float64)
-    dy = upstream["Y"].to(torch.float64)
-    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + args["eps"])
-    normed = x * r
-    g = dy * (1.0 + w) if args["gemma"] else dy * w
-    second = normed * r * (g * normed).mean(-1, keepdim=True)
-    return ((r * g).abs() + second.abs()).reshape(-1, x.shape[-1]), 3
+    p = _RmsNormParts(args, upstream)
+    _, first, second = _rms_norm_dX_magnitudes(p)
+    return (first + second).reshape(-1, p.n), 3
 
 
 class _RmsNormParts:

@@ -12,7 +12,7 @@ import torch
 from hypothesis import example, given, settings
 
 from oracle import aliasing
-from oracle.cases import FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, past_tiles
+from oracle.cases import FLOAT_DTYPES, past_tiles
 from oracle.devices import case_budget
 from oracle.engine import place, prepare, repro_command, run_case
 from oracle.specs import SPECS, OpSpec
@@ -112,13 +112,6 @@ def test_every_variant_has_a_float64_case(op):
     assert {c.dtype for c in spec.float64_cases} == {"float64"}
 
 
-def declared_layouts(spec: OpSpec) -> tuple[set, set]:
-    """The input and gradient layouts a spec's cases must reach."""
-    inputs = set(LAYOUTS) if spec.layout_args else {"contiguous"}
-    grads = set(GRAD_LAYOUTS) if spec.differentiable else {"contiguous"}
-    return inputs, grads
-
-
 @pytest.mark.parametrize("op", list(SPECS))
 def test_hypothesis_draws_every_variant_layout_and_size(op):
     """The strategies reach every variant, dtype, input and gradient layout a spec declares, and
@@ -132,7 +125,7 @@ def test_hypothesis_draws_every_variant_layout_and_size(op):
         seen.append(case)
 
     collect()
-    inputs, grads = declared_layouts(spec)
+    inputs, grads = spec.input_layouts(), spec.gradient_layouts()
     assert {c.variant for c in seen} == set(spec.variants)
     assert {c.dtype for c in seen} == set(FLOAT_DTYPES)
     assert {c.layout for c in seen} == inputs
@@ -145,7 +138,7 @@ def test_stratified_cases_cover_every_combination_that_matters(op):
     """In every dtype, the stratified examples alone hold every variant, input layout, gradient
     layout, short and long sizes; and the aliasing examples every variant."""
     spec = SPECS[op]
-    inputs, grads = declared_layouts(spec)
+    inputs, grads = spec.input_layouts(), spec.gradient_layouts()
     for dtype in FLOAT_DTYPES:
         cases = spec.stratified(dtype, BUDGET)
         assert {c.dtype for c in cases} == {dtype}
