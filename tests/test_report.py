@@ -49,7 +49,9 @@ def test_outputs_table_json_and_html(baseline, small_report):
 def test_unchanged_kernels_pass_the_gate(tmp_path, baseline):
     proc = report(tmp_path, *SLICE, "--gate", "--baseline", str(baseline))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "no regressions against the baseline" in proc.stdout
+    cells = len(json.loads(baseline.read_text())["cells"])
+    assert proc.stdout.strip().splitlines()[-1] == \
+        f"gate: {cells} cells judged, 0 regressions; 0 baseline cells not judged; 0 new cells"
 
 
 def test_one_extra_rounding_step_fails_the_gate_and_shows_where(tmp_path, baseline):

@@ -3,8 +3,9 @@ shapes and layouts for ``--impl``, then print a summary table and write the JSON
 dashboard. ``--baseline``/``--gate``/``--update-baseline`` compare with, gate on, or write the
 stored baseline of this platform (reports/baseline-<platform>.json).
 
-Exit status: 0 done (no regression under --gate), 1 a regression under --gate, 2 a usage or
-environment error (a missing or malformed baseline, a platform mismatch, an unknown op).
+Exit status: 0 done (no regression under --gate), 1 a regression under --gate and nothing else, 2
+a usage or environment error (a missing, malformed or foreign baseline, checked before the sweep; a
+baseline sharing no cell with the run; an unknown op).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..cases import FLOAT_DTYPES
@@ -56,27 +58,33 @@ def main(argv=None) -> int:
         baseline_path = args.baseline or gate.default_baseline(platform)
         if not stored:
             load(args.impl)
+        tasks = None if stored else sweep.plan(args.full, args.ops, args.dtypes, args.variants,
+                                               checks=not args.no_checks)
         # --baseline names the run to compare with, and with --update-baseline also where to write;
         # a baseline about to be written for the first time has nothing to compare with yet.
         wanted = args.gate or (args.baseline and not args.update_baseline) or \
             (args.update_baseline and baseline_path.exists())
         baseline = gate.load_baseline(baseline_path, platform) if wanted else None
+        if baseline and args.gate:  # fail now, not after the sweep, when nothing could be judged
+            run_keys = {c.get("key") for c in stored["cells"]} if stored else results.cell_keys(tasks)
+            gate.check_overlap(run_keys, baseline, baseline_path)
     except gate.BaselineError as exc:
         if not (args.update_baseline and not args.gate):
-            console.print(f"[red]error:[/] {exc}", highlight=False)
-            return 2
+            return _usage_error(console, exc)
         # replacing a baseline of an older schema: nothing to compare with, the new one is written
-        console.print(f"not compared with the old baseline: {exc}", highlight=False)
+        console.print(f"not compared with the old baseline: {exc}", highlight=False, soft_wrap=True)
         baseline = None
-    except (ValueError, ImplementationUnavailable, gate.BaselineError) as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
-        return 2
+    except (ValueError, ImplementationUnavailable) as exc:
+        return _usage_error(console, exc)
 
-    document = stored or sweep_now(args, console)
-    comparison = gate.compare(document, baseline) if baseline else None
+    document = stored or sweep_now(args, tasks, console)
+    try:
+        comparison = gate.compare(document, baseline, gate.Selection.of(args)) if baseline else None
+    except gate.BaselineError as exc:
+        return _usage_error(console, exc)
     if comparison is not None:
-        document["baseline"] = {"path": str(baseline_path), "created": baseline["created"],
-                                "commit": baseline["environment"].get("commit"), **comparison}
+        document["baseline"] = {"path": str(baseline_path), "commit": baseline["environment"].get("commit"),
+                                **comparison}
     json_path = args.json or Path("reports/out") / f"drift-{platform}.json"
     html_path = args.html or Path("reports/out") / f"drift-{platform}.html"
     if not stored or args.json:
@@ -87,11 +95,25 @@ def main(argv=None) -> int:
     terminal.print_summary(document, comparison, console)
     console.print(f"wrote {json_path if not stored or args.json else ''} {html_path}", highlight=False)
     if args.update_baseline:
-        write_json_atomic(baseline_path, document)
+        view = results.baseline_view(document)
+        problem = gate.baseline_problem(view, platform)
+        if problem:  # never store a baseline that the next gate would refuse
+            return _usage_error(console, f"not stored as the baseline {baseline_path}: {problem}")
+        write_json_atomic(baseline_path, view)
         console.print(f"baseline updated: {baseline_path}", highlight=False)
+    if comparison is not None:
+        terminal.print_verdict(comparison, console)
+    if args.gate and not comparison["judged"]:
+        return _usage_error(console, f"no cell of this run could be judged against the baseline {baseline_path}")
     if args.gate and comparison["regressions"]:
         return 1
     return 0
+
+
+def _usage_error(console: Console, problem) -> int:
+    """Exit 2, the gate could not judge: one line, so that CI logs show the whole sentence."""
+    console.print(f"[red]error:[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
+    return 2
 
 
 def _stored_run(path: Path) -> dict:
@@ -104,8 +126,7 @@ def _stored_run(path: Path) -> dict:
     return document
 
 
-def sweep_now(args, console) -> dict:
-    tasks = sweep.plan(args.full, args.ops, args.dtypes, args.variants, checks=not args.no_checks)
+def sweep_now(args, tasks: list, console) -> dict:
     devices = sweep.default_workers()
     if args.workers:
         devices = (devices * args.workers)[:args.workers]

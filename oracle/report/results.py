@@ -1,9 +1,11 @@
-"""The report document: one JSON object (schema ``kernel-oracle/drift/1``, documented in the README)
-that the terminal table, the HTML dashboard, the gate and the committed baselines all read."""
+"""The report document: one JSON object (schema ``kernel-oracle/drift/2``, documented in the README)
+that the terminal table, the HTML dashboard, the gate and the committed baselines all read; a
+baseline is the document in the stable form of ``baseline_view``."""
 
 from __future__ import annotations
 
 import datetime
+import json
 from collections import defaultdict
 from dataclasses import asdict
 
@@ -18,6 +20,12 @@ SCHEMA = "kernel-oracle/drift/2"  # 2: per-element and distribution metrics, gra
 def cell_key(case: Case, tensor: str) -> str:
     """Stable across runs of the same grid: op/variant/dtype/case label/tensor."""
     return f"{case.op}/{case.variant}/{case.dtype}/{case.label}/{tensor}"
+
+
+def cell_keys(tasks: list[Task]) -> set[str]:
+    """The keys of the cells a sweep of ``tasks`` will produce (build), known before it runs."""
+    return {cell_key(task.case, tensor) for task in tasks if task.kind == "case"
+            for tensor in SPECS[task.case.op].compared()}
 
 
 def build(tasks: list[Task], answers: dict[int, dict], impl: str, full: bool, environment: dict,
@@ -61,6 +69,38 @@ def build(tasks: list[Task], answers: dict[int, dict], impl: str, full: bool, en
         "aliasing": checks,
         "failures": failures,
     }
+
+
+# Differ from run to run of the same code: timings, the moment of the run, and a comparison with the
+# baseline that was current then. A baseline without them changes only where results change.
+VOLATILE_FIELDS = ("created", "seconds", "baseline")
+
+
+def baseline_view(document: dict) -> dict:
+    """``document`` as a baseline: no volatile fields, cells sorted by key, cases by what they run
+    and the aliasing checks by check and case, so that the git diff of an update shows only what
+    changed (environment.write_json_atomic sorts the keys and fixes the indent). Every other value is
+    kept."""
+    view = {name: value for name, value in document.items() if name not in VOLATILE_FIELDS}
+    view["cells"] = sorted(document["cells"], key=lambda cell: cell["key"])
+    view["cases"] = sorted(map(_without_volatile, document["cases"]), key=lambda r: _case_order(r["case"]))
+    view["aliasing"] = sorted(map(_without_volatile, document["aliasing"]),
+                              key=lambda c: (c["check"], *_case_order(c["case"])))
+    return view
+
+
+def case_identity(case: dict) -> str:
+    """A case description as canonical JSON. Not Case.label: that follows the order of ``dims``, which
+    differs between a case fresh from a sweep and one read back from a file with sorted keys."""
+    return json.dumps(case, sort_keys=True, separators=(",", ":"))
+
+
+def _case_order(case: dict) -> tuple[str, ...]:
+    return case["op"], case["variant"], case["dtype"], case_identity(case)
+
+
+def _without_volatile(record: dict) -> dict:
+    return {name: value for name, value in record.items() if name not in VOLATILE_FIELDS}
 
 
 def _fraction(value: float, bound: float) -> float:

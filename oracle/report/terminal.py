@@ -1,10 +1,13 @@
 """The report's terminal output: a summary table per op, dtype and tensor, the failures with their
-repro commands, and the gate's verdict."""
+repro commands, the regressions against a baseline, and the gate's last line."""
 
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from . import gate
 
 
 def _of_bound(fraction: float | None) -> str:
@@ -15,8 +18,9 @@ def _of_bound(fraction: float | None) -> str:
 
 
 def print_summary(document: dict, comparison: dict | None, console: Console) -> None:
+    took = f", {document['seconds']:.0f} s" if "seconds" in document else ""  # a baseline has no timings
     table = Table(title=f"kernel-oracle drift: {document['impl']} on {document['environment']['platform']} "
-                        f"({document['sweep']} sweep, {document['seconds']:.0f} s)")
+                        f"({document['sweep']} sweep{took})")
     for column in ("op", "variant", "dtype", "tensor", "passed", "worst ratio", "worst element", "typical excess",
                    "min bit-identical", "max ULP", "findings"):
         table.add_column(column, justify="right" if column not in ("op", "variant", "dtype", "tensor") else "left")
@@ -36,10 +40,15 @@ def print_summary(document: dict, comparison: dict | None, console: Console) -> 
                       highlight=False, soft_wrap=True)
     if len(document["failures"]) > 20:
         console.print(f"... and {len(document['failures']) - 20} more failures in the JSON")
-    if comparison is not None:
-        if comparison["regressions"]:
-            console.print(f"[red]{len(comparison['regressions'])} regression(s) against the baseline:[/]")
-            for line in comparison["regressions"][:30]:
-                console.print("  " + line, highlight=False, soft_wrap=True)
-        else:
-            console.print(f"[green]no regressions against the baseline[/] ({len(comparison['deltas'])} cells compared)")
+    if comparison is not None and comparison["regressions"]:
+        console.print(f"[red]{len(comparison['regressions'])} regression(s) against the baseline:[/]")
+        for line in comparison["regressions"][:30]:
+            console.print("  " + escape(line), highlight=False, soft_wrap=True)
+        if len(comparison["regressions"]) > 30:
+            console.print(f"  ... and {len(comparison['regressions']) - 30} more in the JSON")
+
+
+def print_verdict(comparison: dict, console: Console) -> None:
+    """The gate's last line (gate.verdict_line), red when something regressed."""
+    colour = "red" if comparison["regressions"] else "green"
+    console.print(f"[{colour}]{escape(gate.verdict_line(comparison))}[/]", highlight=False, soft_wrap=True)

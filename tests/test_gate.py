@@ -1,0 +1,280 @@
+"""The regression gate: baselines validated before the sweep, a gate that cannot pass by judging
+nothing, a last line that says what went unjudged, and baselines that diff cleanly.
+
+Most tests run ``main`` in-process with the sweep patched out (a bad baseline must be refused before
+it starts) or on a stored run (``--from-json``); two run the real command on a slice of the grid.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from oracle.environment import platform_key
+from oracle.report import __main__ as report_main
+from oracle.report import gate, results
+from oracle.report.results import SCHEMA
+
+ROOT = Path(__file__).parent.parent
+COMMITTED = {"cpu-interpreter": ROOT / "reports/baseline-cpu-interpreter.json",
+             "cuda-NVIDIA-H200": ROOT / "reports/baseline-cuda-NVIDIA-H200.json"}
+SLICE = ["--ops", "rms_norm", "--dtypes", "float32", "--variants", "llama", "--no-checks", "--workers", "2"]
+VERDICT = re.compile(r"gate: (\d+) cells judged, (\d+) regressions?; (\d+) baseline cells not judged(.*); "
+                     r"(\d+) new cells?$")
+
+
+def volatile_fields(value, path: str = "") -> list[str]:
+    """Where timings or timestamps hide in a document, at any depth."""
+    if isinstance(value, dict):
+        return [f"{path}/{name}" for name in value if name in results.VOLATILE_FIELDS] + \
+            [hit for name, inner in value.items() for hit in volatile_fields(inner, f"{path}/{name}")]
+    if isinstance(value, list):
+        return [hit for inner in value for hit in volatile_fields(inner, f"{path}[]")]
+    return []
+
+
+def last_line(output: str) -> str:
+    return output.strip().splitlines()[-1]
+
+
+# --- the committed baselines -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("platform", sorted(COMMITTED))
+def test_committed_baselines_are_valid_and_in_stable_form(platform):
+    path = COMMITTED[platform]
+    document = gate.load_baseline(path, platform)  # raises BaselineError on the first problem
+    assert document["schema"] == SCHEMA and document["environment"]["platform"] == platform
+    assert not volatile_fields(document)
+    # exactly what --update-baseline writes: sorted keys, indent 1, cells and cases in a fixed order
+    assert path.read_text() == json.dumps(results.baseline_view(document), indent=1, sort_keys=True) + "\n"
+
+
+@pytest.mark.skipif(platform_key() != "cpu-interpreter", reason="the committed CPU baseline is for the interpreter")
+def test_current_kernels_pass_the_committed_cpu_baseline(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "oracle.report", *SLICE, "--gate",
+                           "--baseline", str(COMMITTED["cpu-interpreter"]), "--json", str(tmp_path / "run.json"),
+                           "--html", str(tmp_path / "run.html")], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    judged, regressions, unjudged, why, new = VERDICT.match(last_line(proc.stdout)).groups()
+    baseline_cells = len(json.loads(COMMITTED["cpu-interpreter"].read_text())["cells"])
+    assert int(judged) > 0 and regressions == "0" and new == "0"
+    assert int(judged) + int(unjudged) == baseline_cells
+    assert why == f" ({unjudged} filtered out by --ops/--dtypes/--variants)"
+
+
+# --- a baseline the gate cannot use: exit 2, one sentence, before the sweep ----------------------------
+
+@pytest.fixture(scope="module")
+def committed_cpu_baseline() -> dict:
+    """The committed CPU baseline, relabelled as this machine's (only its structure matters here)."""
+    document = json.loads(COMMITTED["cpu-interpreter"].read_text())
+    document["environment"]["platform"] = platform_key()
+    return document
+
+
+@pytest.fixture
+def gate_before_sweep(monkeypatch, capsys, tmp_path, committed_cpu_baseline):
+    """``main --gate`` on the slice against a spoilt copy of the baseline; the sweep must not start."""
+    def sweep_started(*args, **kwargs):
+        raise AssertionError("the sweep started")
+
+    monkeypatch.setattr(report_main, "sweep_now", sweep_started)
+
+    def run(spoil) -> tuple[int, str]:
+        document = copy.deepcopy(committed_cpu_baseline)
+        spoil(document)
+        path = tmp_path / "baseline.json"
+        path.write_text(json.dumps(document))
+        code = report_main.main([*SLICE, "--gate", "--baseline", str(path), "--json", str(tmp_path / "run.json"),
+                                 "--html", str(tmp_path / "run.html")])
+        return code, capsys.readouterr().out
+
+    return run
+
+
+def _empty(document):
+    document["cells"], document["cases"], document["aliasing"] = [], [], []
+
+
+def _renamed(document):
+    for cell in document["cells"]:
+        cell["key"] = "v2/" + cell["key"]
+
+
+def _first_metrics(document) -> dict:
+    return document["cells"][0]["metrics"]
+
+
+def _other_platform(document):
+    document["environment"]["platform"] = "cuda-Some-Other-GPU"
+
+
+SPOILT = {
+    "empty": (_empty, "it has no cells, so it could judge nothing"),
+    "renamed keys": (_renamed, "no cell of this run is in the baseline"),
+    "missing metric": (lambda d: _first_metrics(d).pop("nonfinite_mismatches"), "has no nonfinite_mismatches"),
+    "NaN ratio": (lambda d: _first_metrics(d).update(error_ratio=math.nan), "has a non-finite error_ratio (nan)"),
+    "metrics null": (lambda d: d["cells"][0].update(metrics=None), "has status pass but no metrics"),
+    "ratio a string": (lambda d: _first_metrics(d).update(error_ratio="1.0"), "error_ratio that is not a number"),
+    "unknown status": (lambda d: d["cells"][0].update(status="passed"), "unknown status 'passed'"),
+    "duplicate cell": (lambda d: d["cells"].append(d["cells"][0]), "appears twice"),
+    "malformed case": (lambda d: d["cases"][0].update(case={"op": "rms_norm"}), "case #0 has no valid case"),
+    "malformed check": (lambda d: d["aliasing"][0].pop("check"), "aliasing check #0 lacks"),
+    "old schema": (lambda d: d.update(schema="kernel-oracle/drift/1"), "its schema is 'kernel-oracle/drift/1'"),
+    "other platform": (_other_platform, "it was made on 'cuda-Some-Other-GPU'"),
+}
+
+
+@pytest.mark.parametrize("name", SPOILT)
+def test_an_unusable_baseline_exits_2_in_one_sentence_before_the_sweep(gate_before_sweep, name):
+    spoil, expected = SPOILT[name]
+    code, out = gate_before_sweep(spoil)
+    assert code == 2, out
+    assert len(out.strip().splitlines()) == 1 and out.startswith("error: ") and "Traceback" not in out, out
+    assert "baseline.json" in out and expected in out, out
+
+
+# --- judging a stored run (--from-json: no sweep) ------------------------------------------------------
+
+def gate_stored_run(tmp_path, small_report, baseline: dict | None = None, run: dict | None = None) -> tuple[int, str]:
+    """``main --gate`` on the small report's run (or a changed copy) against its baseline (or a changed copy)."""
+    run_path, baseline_path = Path(small_report["json"]), Path(small_report["baseline"])
+    if run is not None:
+        run_path = tmp_path / "run.json"
+        run_path.write_text(json.dumps(run))
+    if baseline is not None:
+        baseline_path = tmp_path / "baseline.json"
+        baseline_path.write_text(json.dumps(baseline))
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = report_main.main(["--from-json", str(run_path), "--gate", "--baseline", str(baseline_path),
+                                 "--html", str(tmp_path / "run.html")])
+    return code, out.getvalue()
+
+
+def test_a_clean_run_passes_and_says_everything_was_judged(tmp_path, small_report):
+    code, out = gate_stored_run(tmp_path, small_report)
+    cells = len(json.loads(Path(small_report["baseline"]).read_text())["cells"])
+    assert code == 0, out
+    assert last_line(out) == f"gate: {cells} cells judged, 0 regressions; 0 baseline cells not judged; 0 new cells"
+
+
+def _loaded(path: str) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def test_a_grown_error_ratio_exits_1(tmp_path, small_report):
+    baseline = _loaded(small_report["baseline"])
+    cell = max(baseline["cells"], key=lambda c: c["metrics"]["error_ratio"])
+    cell["metrics"]["error_ratio"] = 0.0  # as if the kernel had been exact before
+    code, out = gate_stored_run(tmp_path, small_report, baseline=baseline)
+    assert code == 1, out
+    assert f"{cell['key']}: error ratio 0 ->" in out
+    assert VERDICT.match(last_line(out)).group(2) == "1"
+
+
+def test_a_pass_turned_fail_exits_1(tmp_path, small_report):
+    run = _loaded(small_report["json"])
+    run["cells"][0]["status"] = "fail"
+    code, out = gate_stored_run(tmp_path, small_report, run=run)
+    assert code == 1 and f"{run['cells'][0]['key']}: passed before, now fail" in out, out
+
+
+def test_a_run_cell_without_a_finite_ratio_regresses(tmp_path, small_report):
+    run = _loaded(small_report["json"])
+    run["cells"][0]["metrics"]["error_ratio"] = math.nan  # NaN > bound is False: it used to pass
+    code, out = gate_stored_run(tmp_path, small_report, run=run)
+    assert code == 1, out
+    assert re.search(rf"{re.escape(run['cells'][0]['key'])}: error_ratio \S+ -> nan", out), out
+    del run["cells"][1]["metrics"]["bit_identical"]  # a stored run of an older schema: no KeyError
+    regressions = gate.compare(run, _loaded(small_report["baseline"]))["regressions"]
+    assert any(r.startswith(f"{run['cells'][1]['key']}: bit_identical") for r in regressions)
+
+
+def test_a_new_finding_in_a_case_regresses_whatever_the_order_of_its_dims(small_report):
+    """A run's cases come from the sweep, the baseline's from a file with sorted keys: the labels of
+    the same case differ (Case.label follows the order of dims), so cases match on their description."""
+    baseline, run = _loaded(small_report["baseline"]), _loaded(small_report["json"])
+    for record in run["cases"]:
+        record["case"]["dims"] = dict(reversed(record["case"]["dims"].items()))  # the sweep's order
+    run["cases"][0]["findings"].append({"check": "unwritten", "tensor": "Y", "phase": "forward", "message": "..."})
+    comparison = gate.compare(run, baseline)
+    assert comparison["regressions"] == [f"{gate._case_label(run['cases'][0]['case'])}: new finding unwritten:Y"]
+
+
+# --- why cells went unjudged --------------------------------------------------------------------------
+
+def test_unjudged_cells_are_counted_with_their_reason(small_report, committed_cpu_baseline):
+    run = _loaded(small_report["json"])
+    judged = len(run["cells"])
+    others = len(committed_cpu_baseline["cells"]) - judged
+    sliced = gate.Selection(ops=("rms_norm",), dtypes=("float32",), variants=("llama",))
+    comparison = gate.compare(run, committed_cpu_baseline, sliced)
+    assert comparison["judged"] == judged
+    assert comparison["not_judged"] == {"filtered out by --ops/--dtypes/--variants": others}
+    unfiltered = gate.compare(run, committed_cpu_baseline)
+    assert unfiltered["not_judged"] == {"not in this run (renamed, or dropped from the grid)": others}
+    full = gate.compare(run, {**committed_cpu_baseline, "sweep": "full"}, gate.Selection(ops=("rms_norm",)))
+    assert full["not_judged"] == {"filtered out by --ops": len([c for c in committed_cpu_baseline["cells"]
+                                                               if c["op"] != "rms_norm"]),
+                                  "not in the quick grid of this run (the baseline's is full)":
+                                      len([c for c in committed_cpu_baseline["cells"] if c["op"] == "rms_norm"])
+                                      - judged}
+
+
+def test_an_op_another_implementation_lacks_is_not_judged_but_the_same_one_losing_it_regresses(small_report):
+    baseline, run = _loaded(small_report["baseline"]), _loaded(small_report["json"])
+    for cell in run["cells"]:
+        cell["status"], cell["metrics"] = "skipped", None
+    other = gate.compare({**run, "impl": "liger"}, baseline)
+    assert other["judged"] == 0 and other["regressions"] == []
+    assert other["not_judged"] == {"op missing from the implementation": len(run["cells"])}
+    same = gate.compare(run, baseline)
+    assert same["judged"] == len(run["cells"]) and all("now skipped" in r for r in same["regressions"])
+
+
+def test_the_last_line_names_every_reason():
+    comparison = {"judged": 33, "regressions": ["x"], "new_cells": ["a", "b"],
+                  "not_judged": {"filtered out by --ops/--dtypes": 390, "op missing from the implementation": 2}}
+    assert gate.verdict_line(comparison) == ("gate: 33 cells judged, 1 regression; 392 baseline cells not judged "
+                                             "(390 filtered out by --ops/--dtypes, 2 op missing from the "
+                                             "implementation); 2 new cells")
+
+
+# --- baselines that diff cleanly ---------------------------------------------------------------------
+
+def without_commit(text: bytes) -> bytes:
+    return re.sub(rb'\n  "commit": "[^"\n]*",\n', b"\n", text, count=1)
+
+
+def test_updating_a_baseline_twice_gives_the_same_bytes(tmp_path, small_report):
+    first = Path(small_report["baseline"])
+    second = tmp_path / "baseline.json"
+    shutil.copy(first, second)  # the second update replaces the first (and compares with it)
+    proc = subprocess.run([sys.executable, "-m", "oracle.report", *small_report["slice"], "--update-baseline",
+                           "--baseline", str(second), "--json", str(tmp_path / "run.json"),
+                           "--html", str(tmp_path / "run.html")], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # byte for byte, but for the commit's one line: the checkout may have moved between the two runs
+    assert without_commit(second.read_bytes()) == without_commit(first.read_bytes())
+    assert not volatile_fields(json.loads(first.read_text()))
+    assert "seconds" in json.loads((tmp_path / "run.json").read_text())  # the full report keeps its timings
+
+
+def test_baseline_view_drops_only_volatile_fields(small_report):
+    run = _loaded(small_report["json"])
+    view = results.baseline_view(run)
+    assert set(run) - set(view) == {"created", "seconds"}
+    assert [c["key"] for c in view["cells"]] == sorted(c["key"] for c in run["cells"])
+    assert sorted(map(json.dumps, view["cells"])) == sorted(map(json.dumps, run["cells"]))
+    assert len(view["cases"]) == len(run["cases"]) and not volatile_fields(view)
