@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -35,7 +36,9 @@ settings.register_profile("dev", max_examples=10, **_common)
 settings.register_profile("thorough", max_examples=400, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
-INFLIGHT = Path(".oracle") / "inflight"
+# Where each worker notes the case it is running; one folder per session (the controller's pid),
+# so that a pytest run inside a test (tests/test_crash.py) cannot overwrite its parent's notes.
+INFLIGHT = Path(".oracle") / "inflight" / str(os.getpid())
 
 
 def pytest_addoption(parser):
@@ -48,6 +51,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     """Load --impl and settle the ops asked of it, or fail the session before collection."""
+    global INFLIGHT
+    if hasattr(config, "workerinput"):  # an xdist worker: note into the controller's folder
+        INFLIGHT = Path(config.workerinput["oracle_inflight"])
     from oracle.impls import ImplementationUnavailable, load
 
     name = config.getoption("--impl")
@@ -104,6 +110,11 @@ engine.INFLIGHT_HOOKS.append(_record_inflight)
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["oracle_inflight"] = str(INFLIGHT)
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_handlecrashitem(crashitem, report, sched):
     path = _inflight_file(report.node.gateway.id)
     if path.exists():
@@ -129,6 +140,7 @@ def pytest_sessionfinish(session):
     else:
         _totals.update(counts)
         _coverage.update(engine.COVERAGE)
+        shutil.rmtree(INFLIGHT, ignore_errors=True)
 
 
 @pytest.hookimpl(optionalhook=True)
