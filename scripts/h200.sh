@@ -45,6 +45,11 @@ for step in "$@"; do
       timeout 300 python3 scripts/gpu_profile.py 2>&1 | tee "$OUT/profile.log";;
     tune)
       timeout 300 python3 scripts/tune.py 2>&1 | tee "$OUT/tune.log";;
+    gate)  # the full sweep, gated against the committed H200 baseline (a new baseline: results.baseline_view of the JSON)
+      timeout 400 python3 -m oracle.report --full --gate --json "$OUT/drift-h200.json" --html "$OUT/drift-h200.html" \
+        2>&1 | tee "$OUT/report-h200.log" | tail -30;;
+    position-check)
+      timeout 120 python3 -m oracle.bench --position-check 2>&1 | tee "$OUT/position-check-h200.log" | tail -20;;
     report)
       timeout 400 python3 -m oracle.report --full --json "$OUT/drift-h200.json" --html "$OUT/drift-h200.html" \
         --update-baseline --baseline "$OUT/baseline-cuda-NVIDIA-H200.json" 2>&1 | tee "$OUT/report-h200.log" | tail -30;;
