@@ -84,7 +84,10 @@ class GuardedTensor:
         strides = layout.strides(shape)
         span = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides)) if all(shape) else 0
         itemsize = torch.empty((), dtype=dtype).element_size()
-        margin = max(MARGIN_BYTES // itemsize, min(span, MARGIN_CAP_BYTES // itemsize), 1)
+        # In whole MARGIN_BYTES, so the tensor starts as aligned as an allocator's would: Triton
+        # compiles another kernel for a less aligned pointer (other vector widths, other bits).
+        wide = min(max(span * itemsize, MARGIN_BYTES), MARGIN_CAP_BYTES)
+        margin = max(1, -(-wide // MARGIN_BYTES) * MARGIN_BYTES // itemsize)
         self.start = margin + layout.offset
         self.buffer = torch.empty(self.start + span + margin, dtype=dtype, device=device)
         self.buffer.view(torch.uint8).fill_(SENTINEL_BYTE)

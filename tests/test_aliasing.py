@@ -4,11 +4,13 @@ implementation, saying what was corrupted and where, and stays silent on the ker
 from __future__ import annotations
 
 import pytest
+import torch
 
 from oracle import aliasing
 from oracle.cases import Case
 from oracle.engine import run_case
 from oracle.impls import load
+from oracle.memory import MARGIN_BYTES, MARGIN_CAP_BYTES, GuardedTensor
 from oracle.specs import SPECS
 
 RMS = Case("rms_norm", "llama", "bfloat16", {"lead": [2, 3], "cols": 40}, "contiguous", "normal",
@@ -119,3 +121,13 @@ def test_4_guard_bands_are_wide_enough_for_a_whole_head_group_overrun(device):
     hit = [f for f in findings if f.check == "guard-band" and f.tensor == "Q"]
     assert hit and "offset 384" in hit[0].message, findings  # right after Q's 2 x 4 x 3 x 16 elements
     assert not _main_run_findings(ROPE, "kernels", device)
+
+
+@pytest.mark.parametrize("shape, dtype", [((3, 4097), torch.float32), ((1, 1), torch.bfloat16), ((5, 7), torch.float16)])
+def test_guarded_tensors_start_as_aligned_as_allocated_ones(shape, dtype, device):
+    """Wide margins must not move a tensor off the alignment a real allocation has: Triton compiles
+    another kernel for a less aligned pointer, and the GPU baseline's bits would drift with it."""
+    home = GuardedTensor(shape, dtype, device)
+    assert (home.tensor.data_ptr() - home.buffer.data_ptr()) % MARGIN_BYTES == 0
+    assert home.start * home.buffer.element_size() >= min(home.tensor.numel() * home.buffer.element_size(),
+                                                           MARGIN_CAP_BYTES)
