@@ -66,6 +66,18 @@ def pytest_configure(config):
     config.oracle_not_tested = {op: why for op, why in impl.declared_lacking().items() if impl.op(op) is None}
 
 
+def pytest_collection_modifyitems(config, items):
+    """Skip, with the reason, the generic tests of ops the run does not ask for."""
+    from oracle.impls import load
+
+    impl = load(config.getoption("--impl"))
+    for item in items:
+        op = getattr(getattr(item, "function", None), "oracle_op", None)
+        if op is not None and op not in config.oracle_ops:
+            why = impl.declared_lacking().get(op) or "not in --ops"
+            item.add_marker(pytest.mark.skip(reason=f"{op} not asked of {impl.name}: {why}"))
+
+
 @pytest.fixture(scope="session")
 def device():
     return default_device()

@@ -325,9 +325,11 @@ def position_check_cost(shapes=((1, 2048), (4, 4096), (8, 8192)), calls: int = 3
 def rope_check_share(dtype=torch.bfloat16, batch=4, heads=32, kv_heads=8, seq=4096, head_dim=128) -> dict:
     """GPU only: kernels.rope with packed position_ids at Llama-3-8B shapes, timed with the range
     check and with it switched off, so the difference includes the stall of its host sync."""
-    import kernels
-    from kernels import rope as rope_module
+    import importlib
 
+    import kernels
+
+    rope_module = importlib.import_module("kernels.rope")  # the module: ``kernels.rope`` is the function
     from .specs import packed_positions
 
     Q = _randn(batch, heads, seq, head_dim, dtype=dtype)
