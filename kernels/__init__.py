@@ -1,6 +1,6 @@
 """Hand-written Triton kernels for RMSNorm, RoPE and SwiGLU.
 
-This package is an implementation under test in the sense of design.md §2: the harness finds the
+This package is an implementation under test in the sense of docs/design.md §2: the harness finds the
 ops below by name and the arguments each may overwrite in ``CLOBBERS``. On a machine without a
 GPU the kernels run through Triton's interpreter, with its bf16 casts corrected (see _runtime).
 """

@@ -1,4 +1,4 @@
-"""Checks that need graphs of their own: aliasing (design.md §4) and determinism. The engine's main run already
+"""Checks that need graphs of their own: aliasing and determinism (docs/design.md §4). The engine's main run already
 covers snapshots (1), the shared incoming gradient of a residual (2), guard bands (4) and
 poisoned allocations (5); here are the rest, each returning Findings that say what was corrupted
 and where:

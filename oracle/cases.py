@@ -205,15 +205,16 @@ def rope_cases(draw, budget: Budget, dtypes=FLOAT_DTYPES) -> Case:
 
 
 @st.composite
-def swiglu_cases(draw, budget: Budget, op: str = "swiglu", dtypes=FLOAT_DTYPES) -> Case:
-    """Element-wise cases, 2-D or 3-D, element counts around the 1024-element block."""
+def elementwise_cases(draw, budget: Budget, op: str, autograd: bool, dtypes=FLOAT_DTYPES) -> Case:
+    """Element-wise cases, 2-D or 3-D, element counts around the 1024-element block. Raw kernels
+    (``autograd`` False) are flat by contract and have no backward of their own: contiguous only."""
     limit = min(budget.elements, budget.programs * 1024)
     total = min(limit, draw(st.one_of(st.sampled_from((1, 3, 1023, 1024, 1025, 4097)), st.integers(1, limit))))
     rank = draw(st.sampled_from((2, 3)))
     cols = draw(st.integers(1, total))
     rows = max(1, total // cols)
     shape = [rows, cols] if rank == 2 else [max(1, rows // 2), min(rows, 2), cols]
-    raw = op != "swiglu"  # the raw kernels are flat by contract, and have no backward of their own
+    raw = not autograd
     return Case(
         op=op, variant="default", dtype=draw(st.sampled_from(dtypes)), dims={"shape": shape},
         layout="contiguous" if raw else draw(layouts()),
@@ -282,11 +283,11 @@ def rope_stratified(dtype: str, budget: Budget) -> list[Case]:
     return out
 
 
-def swiglu_stratified(op: str) -> Callable[[str, Budget], list[Case]]:
-    """Every kind of values (and, for the autograd op, every layout and gradient layout); every other
+def elementwise_stratified(op: str, autograd: bool) -> Callable[[str, Budget], list[Case]]:
+    """Every kind of values (and, for an autograd op, every layout and gradient layout); every other
     case past four 1024-element blocks with a partial last block."""
     def stratified(dtype: str, budget: Budget) -> list[Case]:
-        raw = op != "swiglu"
+        raw = not autograd
         rows = covering(("contiguous",) if raw else LAYOUTS, ("contiguous",) if raw else GRAD_LAYOUTS,
                         ("normal", "large", "tiny", "outliers", "nonfinite"))
         return [Case(op, "default", dtype, {"shape": [5, 1001] if i % 2 else [3, 257]}, layout, values, {},

@@ -26,11 +26,16 @@ def gpu_for_worker(worker: int | None, gpu_count: int) -> int | None:
     return 0 if worker is None else worker % gpu_count
 
 
-def default_device() -> torch.device:
-    """This process's device: its own GPU when kernels run natively, else the CPU (interpreter)."""
-    from kernels import _runtime
+def native_gpu() -> bool:
+    """Whether implementations run natively on a GPU here: there is one, and Triton was not told to
+    interpret (TRITON_INTERPRET=1 puts Triton kernels on the CPU). Decided without importing any
+    implementation, so that testing one never sets up another's runtime."""
+    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on")
 
-    if _runtime.interpreted() or not torch.cuda.is_available():
+
+def default_device() -> torch.device:
+    """This process's device: its own GPU when implementations run natively, else the CPU."""
+    if not native_gpu():
         return torch.device("cpu")
     index = gpu_for_worker(worker_index(), torch.cuda.device_count())
     torch.cuda.set_device(index)
@@ -39,8 +44,6 @@ def default_device() -> torch.device:
 
 def case_budget():
     """How big hypothesis may draw cases here: small under the interpreter, larger on a GPU."""
-    from kernels import _runtime
-
     from .cases import CPU_BUDGET, GPU_BUDGET
 
-    return CPU_BUDGET if _runtime.interpreted() or not torch.cuda.is_available() else GPU_BUDGET
+    return GPU_BUDGET if native_gpu() else CPU_BUDGET

@@ -8,7 +8,7 @@
    re-homed into NaN-poisoned guarded buffers, through a residual graph ``z = r + op(x)`` so that
    the gradient it receives is shared with another branch (``r``), as in a real residual stream;
 3. judges the forward outputs and every gradient (compare.judge) and collects the aliasing
-   findings that this one run can prove (checks 1, 2, 4 and 5 of design.md §4; the checks that
+   findings that this one run can prove (the main-run checks of docs/design.md §4; the checks that
    need graphs of their own live in aliasing.py).
 """
 

@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
@@ -39,21 +40,25 @@ def git_commit() -> str | None:
 
 def platform_key() -> str:
     """'cpu-interpreter', or 'cuda-' + the GPU's name (e.g. 'cuda-NVIDIA-H200')."""
-    from kernels import _runtime
+    from .devices import native_gpu
 
-    if _runtime.interpreted() or not torch.cuda.is_available():
+    if not native_gpu():
         return "cpu-interpreter"
     return "cuda-" + torch.cuda.get_device_name().replace(" ", "-")
 
 
 def environment() -> dict:
-    from kernels import _runtime
+    # This project's kernels describe their runtime (interpreter or GPU, bf16 casts) when the run
+    # loaded them; another implementation's run does not import them for the sake of a label.
+    from .devices import native_gpu
 
+    runtime = sys.modules.get("kernels._runtime")
+    summary = runtime.runtime_summary() if runtime else {}
     return {
         "platform": platform_key(),
-        "device": _runtime.runtime_summary()["device"],
-        "backend": _runtime.runtime_summary()["backend"],
-        "bf16_casts": _runtime.ensure_faithful_bf16(),
+        "device": summary.get("device") or (torch.cuda.get_device_name() if native_gpu() else "cpu"),
+        "backend": summary.get("backend"),
+        "bf16_casts": runtime.ensure_faithful_bf16() if runtime else None,
         "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -1,4 +1,4 @@
-"""Implementations under test (design.md §2): built-in names and ``package.module:attr`` loading.
+"""Implementations under test (docs/design.md §2): built-in names and ``package.module:attr`` loading.
 
 An implementation is any object exposing some of the contract's callables (``rms_norm``, ``rope``,
 ``swiglu``, ``swiglu_fg_kernel``, ``swiglu_DWf_DW_dfg_kernel``) and optionally:

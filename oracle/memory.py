@@ -1,4 +1,4 @@
-"""Tensors inside guarded buffers, allocation poisoning, and bitwise snapshots (design.md §4.1, 4.4, 4.5).
+"""Tensors inside guarded buffers, allocation poisoning, and bitwise snapshots (docs/design.md §4).
 
 Every tensor the engine hands an implementation lives inside a larger buffer whose other bytes
 hold a sentinel. Writes outside the tensor's own elements (margins, and the gaps between rows of
@@ -196,7 +196,7 @@ def _as_value(raw: torch.Tensor, dtype: torch.dtype) -> float | int:
     return int(raw)
 
 
-# --- fused storage (design.md §4.3) -------------------------------------------------------------
+# --- fused storage (the views check, docs/design.md §4) -----------------------------------------
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ Note [Specs]
     with the reason next to it.
 
 A spec's ``call(fn, args)`` calls an implementation *or* a reference with the contract's signature
-(design.md §2), so one function drives both sides of the comparison.
+(docs/design.md §2), so one function drives both sides of the comparison.
 """
 
 from __future__ import annotations
@@ -783,14 +783,15 @@ _SWIGLU_NOISE = {"h": _swiglu_noise("h"), "de": _swiglu_noise("de"), "dg": _swig
 _RAW_BACKWARD_NOISE = {"h": _swiglu_noise("h", "DW"), "df": _swiglu_noise("dg", "DW"), "de": _swiglu_noise("de", "DW")}
 
 
-def _elementwise_sweep(op: str) -> Callable[[bool], list[Case]]:
+def _elementwise_sweep(op: str, autograd: bool) -> Callable[[bool], list[Case]]:
+    """The report's grid; an autograd op also transposed, with strided gradients."""
     def sweep(full: bool) -> list[Case]:
         shapes = [[1, 1], [3, 1000], [2, 3, 1025], [64, 4097]] if not full else \
             [[1, 1], [3, 1000], [2, 3, 1025], [1024, 4097], [16, 256, 1024], [4096, 14336]]
         out = []
         for dtype in C.FLOAT_DTYPES:
             for shape in shapes:
-                layout = "transposed" if (op == "swiglu" and len(shape) == 2 and shape[0] > 1) else "contiguous"
+                layout = "transposed" if (autograd and len(shape) == 2 and shape[0] > 1) else "contiguous"
                 grad_layout = "strided" if layout == "transposed" else "contiguous"
                 out.append(Case(op, "default", dtype, {"shape": shape}, layout, "normal", {}, seed=len(out),
                                 grad_layout=grad_layout))
@@ -886,10 +887,10 @@ SWIGLU = OpSpec(
     name="swiglu", variants=("default",), summary="silu(e) * g as LlamaMLP computes it; h, de, dg",
     arg_names=("e", "g"), call=lambda fn, a: (fn(a["e"], a["g"]),), outputs=("h",), differentiable=("e", "g"),
     reference=R.swiglu, reference_reordered=R.swiglu_reordered,
-    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.swiglu_cases(budget, "swiglu", dtypes),
-    stratified=C.swiglu_stratified("swiglu"),
+    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.elementwise_cases(budget, "swiglu", True, dtypes),
+    stratified=C.elementwise_stratified("swiglu", autograd=True),
     make_args=_elementwise_args(("e", "g")), layout_args=("e", "g"), layout_of=_layout_last_two,
-    sweep=_elementwise_sweep("swiglu"),
+    sweep=_elementwise_sweep("swiglu", autograd=True),
     float64_cases=(Case("swiglu", "default", "float64", {"shape": [3, 7]}, "transposed", "normal", {}, seed=1),),
     error_inputs=_swiglu_errors(("e", "g"), raw=False), noise=_SWIGLU_NOISE,
 )
@@ -898,10 +899,10 @@ SWIGLU_FG = OpSpec(
     name="swiglu_fg_kernel", variants=("default",), summary="raw SwiGLU forward: a new h = silu(e) * g",
     arg_names=("e", "g"), call=lambda fn, a: (fn(a["e"], a["g"]),), outputs=("h",), differentiable=(),
     reference=R.swiglu, reference_reordered=R.swiglu_reordered,
-    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.swiglu_cases(budget, "swiglu_fg_kernel", dtypes),
-    stratified=C.swiglu_stratified("swiglu_fg_kernel"),
+    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.elementwise_cases(budget, "swiglu_fg_kernel", False, dtypes),
+    stratified=C.elementwise_stratified("swiglu_fg_kernel", autograd=False),
     make_args=_elementwise_args(("e", "g")), layout_args=(), layout_of=_layout_last_two,
-    sweep=_elementwise_sweep("swiglu_fg_kernel"),
+    sweep=_elementwise_sweep("swiglu_fg_kernel", autograd=False),
     float64_cases=(Case("swiglu_fg_kernel", "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers", {}, seed=1),),
     error_inputs=_swiglu_errors(("e", "g"), raw=True),
     noise={"h": _SWIGLU_NOISE["h"]},
@@ -912,10 +913,10 @@ SWIGLU_BACKWARD = OpSpec(
     summary="raw LoRA-MLP backward: h, df, de written into DW, e, g",
     arg_names=("DW", "e", "g"), call=lambda fn, a: tuple(fn(a["DW"], a["e"], a["g"])), outputs=("h", "df", "de"),
     differentiable=(), reference=R.swiglu_lora_backward, reference_reordered=R.swiglu_lora_backward_reordered,
-    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.swiglu_cases(budget, "swiglu_DWf_DW_dfg_kernel", dtypes),
-    stratified=C.swiglu_stratified("swiglu_DWf_DW_dfg_kernel"),
+    cases=lambda budget, dtypes=C.FLOAT_DTYPES: C.elementwise_cases(budget, "swiglu_DWf_DW_dfg_kernel", False, dtypes),
+    stratified=C.elementwise_stratified("swiglu_DWf_DW_dfg_kernel", autograd=False),
     make_args=_elementwise_args(("DW", "e", "g")), layout_args=(), layout_of=_layout_last_two,
-    sweep=_elementwise_sweep("swiglu_DWf_DW_dfg_kernel"),
+    sweep=_elementwise_sweep("swiglu_DWf_DW_dfg_kernel", autograd=False),
     buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"},
     float64_cases=(Case("swiglu_DWf_DW_dfg_kernel", "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers",
                         {}, seed=1),),

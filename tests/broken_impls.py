@@ -1,6 +1,6 @@
 """Deliberately broken implementations: the harness must catch each one (and pass the correct ones).
 
-Each is an implementation object in the design.md §2 sense, loadable as
+Each is an implementation object in the docs/design.md §2 sense, loadable as
 ``--impl tests.broken_impls:NAME``. Every bug here is one that real kernels have shipped with.
 """
 

@@ -1,4 +1,4 @@
-"""Every aliasing check (design.md §4) proven both ways: it flags a deliberately broken
+"""Every aliasing check (docs/design.md §4) proven both ways: it flags a deliberately broken
 implementation, saying what was corrupted and where, and stays silent on the kernels."""
 
 from __future__ import annotations

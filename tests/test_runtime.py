@@ -1,4 +1,4 @@
-"""Where the kernels run, and the interpreter's bf16 correction (design.md §5, kernels/_runtime.py)."""
+"""Where the kernels run, and the interpreter's bf16 correction (docs/design.md §5, kernels/_runtime.py)."""
 
 from __future__ import annotations
 

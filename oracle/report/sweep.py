@@ -87,9 +87,9 @@ def _size(case: Case) -> int:
 
 def default_workers() -> list[str | None]:
     """Devices for the workers: every GPU twice (overlap Python with kernels), or the CPU cores."""
-    from kernels import _runtime
+    from ..devices import native_gpu
 
-    if not _runtime.interpreted() and torch.cuda.is_available():
+    if native_gpu():
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())] * 2
     return [None] * max(1, min(os.cpu_count() or 1, 8))
 
