@@ -1,4 +1,5 @@
-"""Launch heuristics, kept in one place so that every kernel sizes its blocks the same way."""
+"""Launch heuristics and launch arguments, kept in one place so that every kernel sizes its blocks and
+picks its compute dtype the same way."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import functools
 
 import torch
 import triton
+import triton.language as tl
 
 from ._runtime import interpreted
+
+# A kernel's COMPUTE constexpr: the tl twin of _checks.compute_dtype's answer (fp32, or fp64 for fp64 inputs).
+TL_COMPUTE = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 MAX_FUSED_COLUMNS = 65536  # one row must fit one block: 64 Ki fp32 values is what a program can hold
 

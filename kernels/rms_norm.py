@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._launch import device_index, program_slots, row_block
+from ._launch import TL_COMPUTE, device_index, program_slots, row_block
 from ._layout import rows_addressable
 from ._runtime import launching
 
@@ -211,7 +211,7 @@ class RMSNormFunction(torch.autograd.Function):
                 _rms_norm_forward_kernel[(n_rows,)](
                     Y, X_rows, *layout.strides[0], W, W.stride(0), inv_var,
                     n_cols, layout.lead[1], layout.lead[2], eps_hi, eps_lo,
-                    GEMMA=gemma, COMPUTE=_TL[compute], BLOCK_SIZE=block, num_warps=warps,
+                    GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], BLOCK_SIZE=block, num_warps=warps,
                 )
         ctx.save_for_backward(X, W, inv_var)
         ctx.gemma = gemma
@@ -241,7 +241,7 @@ class RMSNormFunction(torch.autograd.Function):
                 dX, *layout.strides[0], dY_rows, *layout.strides[1], X_rows, *layout.strides[2],
                 W, W.stride(0), inv_var, dW_partial,
                 n_rows, n_cols, layout.lead[1], layout.lead[2], rows_per_program,
-                GEMMA=ctx.gemma, COMPUTE=_TL[compute], ROWS=rows_per_step, BLOCK_SIZE=block,
+                GEMMA=ctx.gemma, COMPUTE=TL_COMPUTE[compute], ROWS=rows_per_step, BLOCK_SIZE=block,
                 NUM_STAGES=_backward_stages(block, rows_per_step, max(X.element_size(), dY.element_size())),
                 num_warps=warps,
             )
@@ -259,9 +259,6 @@ def _can_overwrite(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor) -> bool:
     shares no memory with X or W, which other programs may still be reading."""
     return dY.dtype == X.dtype and dY.shape == X.shape and dY.is_contiguous() and \
         not _checks.overlaps(dY, X) and not _checks.overlaps(dY, W)
-
-
-_TL = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 
 @torch.compiler.disable

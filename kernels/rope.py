@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
+from ._launch import TL_COMPUTE
 from ._runtime import launching
 
 # Heads per program: amortises the token's cos/sin loads over several heads. The seed groups 4;
@@ -109,9 +110,6 @@ def _rope_kernel(
                   b, s, heads, n_kv_heads, cols, col_mask, half_dim, c1, c2, sa, sb, COMPUTE)
 
 
-_TL = {torch.float32: tl.float32, torch.float64: tl.float64}
-
-
 def _launch(Q_in, Q_out, K_in, K_out, cos, sin, position_ids, backward: bool) -> None:
     """One launch rotating Q (and K, unless K_in is None) from *_in into *_out."""
     batch, n_heads, seq, head_dim = Q_out.shape
@@ -131,7 +129,7 @@ def _launch(Q_in, Q_out, K_in, K_out, cos, sin, position_ids, backward: bool) ->
             cos, *cos.stride(), sin, *sin.stride(), pos, *pos_strides,
             seq, n_heads, n_kv_heads, half,
             HAS_POSITIONS=has_positions, BACKWARD_PASS=backward,
-            COMPUTE=_TL[_checks.compute_dtype(Q_out)], GROUP_SIZE=GROUP_SIZE, BLOCK_HALF=block_half,
+            COMPUTE=TL_COMPUTE[_checks.compute_dtype(Q_out)], GROUP_SIZE=GROUP_SIZE, BLOCK_HALF=block_half,
             num_warps=rope_warps(block_half),
             enable_fp_fusion=False,  # a fused multiply-add would skip one of HF's roundings
         )

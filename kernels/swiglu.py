@@ -8,7 +8,7 @@ With se = sigmoid(e) and everything in fp32 (fp64 for fp64 inputs), rounded like
     de = (dh * g) * se * (1 + e * (1 - se))     gradient of e (the gate branch): dh * g rounded
                                                 first, as autograd rounds silu's incoming gradient
 
-Flat kernels over the elements with 64-bit offsets, so tensors beyond 2**31 elements work.
+Flat kernels over the elements with 64-bit offsets, launched by _elementwise (shared with GeGLU).
 
 ``swiglu_fg_kernel(e, g)`` and ``swiglu_DWf_DW_dfg_kernel(DW, e, g)`` are the raw kernels: the
 latter writes h, df and de INTO DW, e and g (``CLOBBERS``), saving three allocations in a
@@ -22,23 +22,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-from . import _checks
-from ._runtime import interpreted, launching
-
-BLOCK_SIZE = 1024
-
-if interpreted():
-    @triton.jit
-    def _exp(x):
-        # libdevice is not available to the interpreter; numpy's exp is accurate there.
-        return tl.exp(x)
-else:
-    @triton.jit
-    def _exp(x):
-        # libdevice's expf is what torch's CUDA silu calls; tl.exp is a faster, less exact approximation.
-        return libdevice.exp(x)
+from . import _elementwise
+from ._elementwise import exp, flat_block
+from ._mlp_patch import GatedMLPPatch
 
 
 @triton.jit
@@ -48,14 +35,13 @@ def _swiglu_forward_kernel(
     COMPUTE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements
+    offsets, mask = flat_block(n_elements, BLOCK_SIZE)
     dtype: tl.constexpr = h_ptr.dtype.element_ty
 
     e = tl.load(e_ptr + offsets, mask=mask, other=0.0).to(COMPUTE)
     g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(COMPUTE)
 
-    f = (e / (1.0 + _exp(-e))).to(dtype).to(COMPUTE)
+    f = (e / (1.0 + exp(-e))).to(dtype).to(COMPUTE)
     tl.store(h_ptr + offsets, f * g, mask=mask)
 
 
@@ -68,8 +54,7 @@ def _swiglu_backward_kernel(
     COMPUTE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    mask = offsets < n_elements
+    offsets, mask = flat_block(n_elements, BLOCK_SIZE)
     dtype: tl.constexpr = e_ptr.dtype.element_ty
 
     # Load everything before any store: outputs may alias the inputs element for element.
@@ -77,8 +62,8 @@ def _swiglu_backward_kernel(
     e = tl.load(e_ptr + offsets, mask=mask, other=0.0).to(COMPUTE)
     g = tl.load(g_ptr + offsets, mask=mask, other=0.0).to(COMPUTE)
 
-    se = 1.0 / (1.0 + _exp(-e))
-    f = (e / (1.0 + _exp(-e))).to(dtype).to(COMPUTE)
+    se = 1.0 / (1.0 + exp(-e))
+    f = (e / (1.0 + exp(-e))).to(dtype).to(COMPUTE)
     dwg = (dw * g).to(dtype).to(COMPUTE)
     de = dwg * se * (1.0 + e * (1.0 - se))
 
@@ -88,57 +73,13 @@ def _swiglu_backward_kernel(
     tl.store(de_ptr + offsets, de, mask=mask)
 
 
-_TL = {torch.float32: tl.float32, torch.float64: tl.float64}
-
-
-def _grid(n: int) -> tuple[int]:
-    return (triton.cdiv(n, BLOCK_SIZE),)
-
-
-def _validate(raw: bool, **tensors: torch.Tensor) -> None:
-    for name, t in tensors.items():
-        _checks.require_float(name, t)
-    _checks.require_same_dtype(**tensors)
-    _checks.require_kernel_device(**tensors)
-    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
-    if len(set(shapes.values())) > 1:
-        raise ValueError(f"shapes must match: {shapes}")
-    if raw:
-        for name, t in tensors.items():
-            if not t.is_contiguous():
-                raise ValueError(f"the raw kernels work on flat memory: {name} must be contiguous "
-                                 f"(strides {t.stride()}); pass {name}.contiguous()")
-
-
-def _same_dense_layout(*tensors: torch.Tensor) -> bool:
-    """True if a flat walk over storage visits matching elements of every tensor."""
-    first = tensors[0]
-    return all(t.stride() == first.stride() for t in tensors) and \
-        torch._debug_has_internal_overlap(first) == 0 and _is_dense(first)
-
-
-def _is_dense(t: torch.Tensor) -> bool:
-    """Elements fill a block of memory of exactly numel() slots (any dim order)."""
-    span = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()) if size > 0)
-    return t.numel() == 0 or span == t.numel()
-
-
-def _forward(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    if not _same_dense_layout(e, g):
-        e, g = e.contiguous(), g.contiguous()
-    h = torch.empty_like(e)  # keeps e's (dense) strides, so the flat walk lines up
-    n = e.numel()
-    if n:
-        with launching():
-            _swiglu_forward_kernel[_grid(n)](h, e, g, n, COMPUTE=_TL[_checks.compute_dtype(e)], BLOCK_SIZE=BLOCK_SIZE)
-    return h
+SWIGLU = _elementwise.GatedKernels(_swiglu_forward_kernel, _swiglu_backward_kernel)
 
 
 @torch.compiler.disable
 def swiglu_fg_kernel(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """Raw forward: a new tensor h = silu(e) * g. e, g: same shape and dtype, contiguous."""
-    _validate(True, e=e, g=g)
-    return _forward(e, g)
+    return _elementwise.raw_forward(SWIGLU, e, g)
 
 
 @torch.compiler.disable
@@ -149,40 +90,18 @@ def swiglu_DWf_DW_dfg_kernel(DW: torch.Tensor, e: torch.Tensor, g: torch.Tensor)
     counters are bumped, so autograd raises if anything had saved them for its own backward. They
     must not share memory (ValueError): one element would receive two of the outputs.
     """
-    _validate(True, DW=DW, e=e, g=g)
-    _checks.require_unaliased({"DW": DW, "e": e, "g": g}, {})
-    n = e.numel()
-    if n:
-        with launching():
-            _swiglu_backward_kernel[_grid(n)](DW, e, g, DW, e, g, n, STORE_H=True,
-                                              COMPUTE=_TL[_checks.compute_dtype(e)], BLOCK_SIZE=BLOCK_SIZE)
-        torch.autograd.graph.increment_version((DW, e, g))
-    return DW, e, g
-
-
-class SwiGLUFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, e, g):
-        ctx.save_for_backward(e, g)
-        return _forward(e, g)
-
-    @staticmethod
-    def backward(ctx, dh):
-        e, g = ctx.saved_tensors
-        if not _same_dense_layout(dh, e, g):
-            dh, e, g = dh.contiguous(), e.contiguous(), g.contiguous()
-        de, dg = torch.empty_like(e), torch.empty_like(g)
-        n = e.numel()
-        if n:
-            # h_ptr is never written (STORE_H=False); dg receives df, the gradient of g.
-            with launching():
-                _swiglu_backward_kernel[_grid(n)](dh, e, g, dg, dg, de, n, STORE_H=False,
-                                                  COMPUTE=_TL[_checks.compute_dtype(e)], BLOCK_SIZE=BLOCK_SIZE)
-        return de, dg
+    return _elementwise.raw_backward(SWIGLU, DW, e, g)
 
 
 @torch.compiler.disable
 def swiglu(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """h = silu(e) * g as HF's LlamaMLP computes it; differentiable in e and g; any layout."""
-    _validate(False, e=e, g=g)
-    return SwiGLUFunction.apply(e, g)
+    return _elementwise.autograd_op(SWIGLU, e, g)
+
+
+def _silu_options(act_fn: torch.nn.Module) -> dict | None:
+    """SwiGLU replaces torch's nn.SiLU and HF's SiLUActivation (ACT2FN["silu"]); it takes no options."""
+    return {} if type(act_fn).__name__ in ("SiLU", "SiLUActivation") else None
+
+
+MLP_PATCH = GatedMLPPatch("swiglu", swiglu, _silu_options)
