@@ -170,7 +170,7 @@ def coverage_lines(coverage: Counter) -> list[str]:
     check x variant x dtype), naming whatever was missed."""
     from oracle import aliasing
     from oracle.cases import FLOAT_DTYPES
-    from oracle.specs import SPECS
+    from oracle.ops import SPECS
 
     cases = [key[1:] for key in coverage if key[0] == "case"]
     checks = {key[1:] for key in coverage if key[0] == "check"}

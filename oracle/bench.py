@@ -32,13 +32,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from . import reference as R
+from .ops import SPECS
 from .environment import environment, write_json_atomic
+from .workload import Workload, randn_cuda
 
 SCHEMA = "kernel-oracle/bench/1"
 GATE_MARGIN = 0.10  # a ratio to torch.compile may grow by 10% before the gate fails
@@ -71,145 +72,17 @@ class Timing:
         return self.fwd_bytes / (self.fwd_gpu_ms * 1e-3) / 1e12 if self.fwd_gpu_ms else None
 
 
-@dataclass
-class Workload:
-    """One op at one shape: inputs, and per implementation a forward and a forward+backward."""
-
-    op: str
-    variant: str
-    dtype: torch.dtype
-    fwd_bytes: int
-    fwd_bwd_bytes: int
-    forward: dict[str, Callable[[], object]] = field(default_factory=dict)
-    forward_backward: dict[str, Callable[[], object]] = field(default_factory=dict)
-    producer: Callable[[], object] | None = None  # what every fwd+bwd also runs (RoPE's clone)
-    producer_bytes: int = 0  # memory the producer allocates, subtracted from peaks
-    fwd_bwd_target: float = 0.8  # forward+backward time at most this many times the fastest peer's (targets())
-
-
-# --- implementations ------------------------------------------------------------------------------
-
-
-def implementations(include_liger: bool = True) -> dict[str, dict[str, Callable]]:
-    """impl -> op -> callable with the contract's signature (rope: pre-gathered rows for peers)."""
-    import torch._dynamo
-
-    import kernels
-
-    # Every shape and dtype here compiles a graph of its own; past the default limit torch.compile
-    # would fall back to eager without a word and the comparison would be against the wrong thing.
-    for limit in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, limit):
-            setattr(torch._dynamo.config, limit, 256)
-    compiled = {name: torch.compile(fn) for name, fn in
-                (("rms_norm", R.rms_norm), ("rope_rows", R.apply_rotary_pos_emb), ("swiglu", R.swiglu))}
-    impls = {
-        "kernels": {"rms_norm": kernels.rms_norm, "rope": kernels.rope, "swiglu": kernels.swiglu},
-        "eager": {"rms_norm": R.rms_norm, "rope_rows": R.apply_rotary_pos_emb, "swiglu": R.swiglu},
-        "compile": {"rms_norm": compiled["rms_norm"], "rope_rows": compiled["rope_rows"], "swiglu": compiled["swiglu"]},
-    }
-    if include_liger:
-        try:
-            from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-            from liger_kernel.ops.rope import LigerRopeFunction
-            from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-        except ImportError:
-            pass
-        else:
-            impls["liger"] = {
-                "rms_norm": lambda X, W, eps, gemma=False: LigerRMSNormFunction.apply(
-                    X, W, eps, 1.0 if gemma else 0.0, "gemma" if gemma else "llama", True),
-                "rope_rows": lambda q, k, cos, sin: LigerRopeFunction.apply(q, k, cos, sin),
-                "swiglu": lambda e, g: LigerSiLUMulFunction.apply(e, g),
-            }
-    return impls
 
 
 # --- workloads ----------------------------------------------------------------------------------
 
 
-def _randn(*shape, dtype, requires_grad=False):
-    return torch.randn(*shape, device="cuda", dtype=dtype).requires_grad_(requires_grad)
 
 
-def rms_norm_workload(impls, dtype, rows=16384, cols=4096, variant="llama") -> Workload:
-    X = _randn(rows, cols, dtype=dtype, requires_grad=True)
-    W = (1 + 0.1 * torch.randn(cols, device="cuda")).to(dtype).requires_grad_()
-    dY = _randn(rows, cols, dtype=dtype)
-    x_bytes = X.numel() * X.element_size()
-    work = Workload("rms_norm", variant, dtype, fwd_bytes=2 * x_bytes, fwd_bwd_bytes=5 * x_bytes)
-    gemma = variant == "gemma"
-    for name, ops in impls.items():
-        fn = ops["rms_norm"]
-        work.forward[name] = lambda fn=fn: fn(X, W, 1e-6, gemma)
-
-        def fwd_bwd(fn=fn):
-            Y = fn(X, W, 1e-6, gemma)
-            return torch.autograd.grad(Y, (X, W), dY)
-
-        work.forward_backward[name] = fwd_bwd
-    if "kernels" in impls:
-        import kernels
-
-        def in_place(dY_own=dY.clone()):
-            Y = kernels.rms_norm(X, W, 1e-6, gemma, write_dx_into_dy=True)
-            return torch.autograd.grad(Y, (X, W), dY_own)  # the caller owns dY_own: the opt-in's premise
-
-        work.forward_backward["kernels (dX into dY)"] = in_place
-    return work
 
 
-def rope_workload(impls, dtype, packed: bool, batch=4, heads=32, kv_heads=8, seq=4096, head_dim=128) -> Workload:
-    Q0 = _randn(batch, heads, seq, head_dim, dtype=dtype, requires_grad=True)
-    K0 = _randn(batch, kv_heads, seq, head_dim, dtype=dtype, requires_grad=True)
-    cos_table, sin_table = R.rotary_table(seq, head_dim, 500000.0, device="cuda")
-    if packed:
-        from .specs import packed_positions
-
-        positions = packed_positions(batch, seq, torch.Generator().manual_seed(0)).cuda()
-    else:
-        positions = None
-    rows = positions if positions is not None else torch.arange(seq, device="cuda").expand(batch, -1)
-    cos_rows, sin_rows = cos_table[rows].to(dtype), sin_table[rows].to(dtype)  # HF computes these once per model step
-    dQ, dK = torch.randn_like(Q0), torch.randn_like(K0)
-    qk_bytes = (Q0.numel() + K0.numel()) * Q0.element_size()
-    work = Workload("rope", "packed" if packed else "plain", dtype, fwd_bytes=2 * qk_bytes, fwd_bwd_bytes=4 * qk_bytes,
-                    producer=lambda: (Q0.clone(), K0.clone()), producer_bytes=qk_bytes)
-    for name, ops in impls.items():
-        if name == "kernels":
-            def call(Q, K, fn=ops["rope"]):
-                return fn(Q, K, cos_table, sin_table, positions)
-        else:
-            def call(Q, K, fn=ops["rope_rows"]):
-                return fn(Q, K, cos_rows, sin_rows)
-        fresh = (Q0.detach().clone(), K0.detach().clone())
-        work.forward[name] = lambda call=call, fresh=fresh: call(*fresh)  # kernels: rotates fresh in place, fine
-
-        def fwd_bwd(call=call):
-            Q, K = Q0.clone(), K0.clone()
-            outs = call(Q, K)
-            return torch.autograd.grad(outs, (Q0, K0), (dQ, dK))
-
-        work.forward_backward[name] = fwd_bwd
-    return work
 
 
-def swiglu_workload(impls, dtype, rows=16384, cols=14336) -> Workload:
-    e = _randn(rows, cols, dtype=dtype, requires_grad=True)
-    g = _randn(rows, cols, dtype=dtype, requires_grad=True)
-    dh = _randn(rows, cols, dtype=dtype)
-    e_bytes = e.numel() * e.element_size()
-    work = Workload("swiglu", "default", dtype, fwd_bytes=3 * e_bytes, fwd_bwd_bytes=8 * e_bytes, fwd_bwd_target=1.0)
-    for name, ops in impls.items():
-        fn = ops["swiglu"]
-        work.forward[name] = lambda fn=fn: fn(e, g)
-
-        def fwd_bwd(fn=fn):
-            h = fn(e, g)
-            return torch.autograd.grad(h, (e, g), dh)
-
-        work.forward_backward[name] = fwd_bwd
-    return work
 
 
 # --- measuring ----------------------------------------------------------------------------------
@@ -276,18 +149,6 @@ def measure(work: Workload) -> list[Timing]:
     return out
 
 
-def column_sweep(impls, dtype=torch.bfloat16, columns=(256, 1024, 4096, 16384, 65536),
-                 elements=2**26) -> list[Timing]:
-    """RMSNorm across column counts at a fixed 64 Mi elements (128 MiB in bf16)."""
-    subset = {name: ops for name, ops in impls.items() if name in ("kernels", "compile", "liger")}
-    out = []
-    for cols in columns:
-        work = rms_norm_workload(subset, dtype, rows=elements // cols, cols=cols)
-        work.forward_backward.pop("kernels (dX into dY)", None)
-        for t in measure(work):
-            t.variant = f"llama, {cols} cols"
-            out.append(t)
-    return out
 
 
 # --- the cost of rope's position range check ------------------------------------------------------
@@ -331,12 +192,12 @@ def rope_check_share(dtype=torch.bfloat16, batch=4, heads=32, kv_heads=8, seq=40
 
     import kernels
 
-    rope_module = importlib.import_module("kernels.rope")  # the module: ``kernels.rope`` is the function
-    from .specs import packed_positions
+    from .ops.rope import packed_positions, rotary_table
 
-    Q = _randn(batch, heads, seq, head_dim, dtype=dtype)
-    K = _randn(batch, kv_heads, seq, head_dim, dtype=dtype)
-    cos, sin = R.rotary_table(seq, head_dim, 500000.0, device="cuda")
+    rope_module = importlib.import_module("kernels.rope")  # the module: ``kernels.rope`` is the function
+    Q = randn_cuda(batch, heads, seq, head_dim, dtype=dtype)
+    K = randn_cuda(batch, kv_heads, seq, head_dim, dtype=dtype)
+    cos, sin = rotary_table(seq, head_dim, 500000.0, device="cuda")
     positions = packed_positions(batch, seq, torch.Generator().manual_seed(0)).cuda()
     with torch.no_grad():
         with_check = median_ms(lambda: kernels.rope(Q, K, cos, sin, positions))
@@ -456,23 +317,25 @@ def _fmt(value, width, spec=".3f"):
 
 def run(quick: bool = False, include_liger: bool = True) -> dict:
     torch.manual_seed(0)
-    impls = implementations(include_liger)
+    benched = [spec for spec in SPECS.values() if spec.bench is not None]
+    peers = {spec.name: spec.bench.peers(include_liger) for spec in benched}
     copy_tbps = copy_bandwidth_tbps()
     timings: list[Timing] = []
     dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16)
     for dtype in dtypes:
-        for make in (lambda: rms_norm_workload(impls, dtype), lambda: rope_workload(impls, dtype, packed=False),
-                     lambda: rope_workload(impls, dtype, packed=True), lambda: swiglu_workload(impls, dtype)):
-            work = make()
-            timings += measure(work)
-            print(table([t for t in timings if t.op == work.op and t.variant == work.variant
-                         and t.dtype == str(dtype).removeprefix("torch.")], copy_tbps), flush=True)
-            del work
-            torch.cuda.empty_cache()
-    sweep = [] if quick else column_sweep(impls)
+        for spec in benched:
+            for work in spec.bench.workloads(peers[spec.name], dtype):
+                timings += measure(work)
+                print(table([t for t in timings if t.op == work.op and t.variant == work.variant
+                             and t.dtype == str(dtype).removeprefix("torch.")], copy_tbps), flush=True)
+                del work
+                torch.cuda.empty_cache()
+    sweep = [] if quick else [t for spec in benched if spec.bench.sweep
+                              for work in spec.bench.sweep(peers[spec.name]) for t in measure(work)]
+    impls = sorted({name for by_name in peers.values() for name in by_name})
     return {"schema": SCHEMA, "environment": environment(), "copy_tbps": copy_tbps,
             "timings": [asdict(t) for t in timings], "column_sweep": [asdict(t) for t in sweep],
-            "targets": targets(timings, copy_tbps), "impls": sorted(impls)}
+            "targets": targets(timings, copy_tbps), "impls": impls}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,8 @@ from .cases import Case, past_tiles
 from .compare import TensorVerdict, judge, summation_noise
 from .impls import Implementation
 from .memory import BROADCAST_ROWS, CONTIGUOUS, GuardedTensor, Layout, Snapshot, bits, copy_into, rehomed_allocations
-from .specs import SPECS, OpSpec, upstream_gradient
+from .ops import SPECS
+from .specs import OpSpec, upstream_gradient
 from .watchdog import time_limit
 
 

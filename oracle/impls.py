@@ -14,10 +14,12 @@ Built in:
 - ``kernels``: this project's Triton kernels (the default).
 - ``hf``: the oracle's own HF maths run as an implementation. It must pass everything; if it
   does not, the harness is wrong, not the kernels.
-- ``compile``: ``torch.compile`` of the HF maths (the raw SwiGLU kernels have no HF counterpart to
-  compile, so they are lacking).
+- ``compile``: ``torch.compile`` of the HF maths (the raw kernels have no HF counterpart to
+  compile, so they are declared lacking).
 - ``liger``: Liger-Kernel's autograd ops behind the contract's signatures, when ``liger-kernel`` is
   installed (``pip install 'kernel-oracle[liger]'``). It declares no CLOBBERS: Liger documents none.
+
+All three are built from the registry (oracle/ops/): a new op is covered by them through its spec.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from types import SimpleNamespace
 
 import torch
 
-from . import reference as R
+from .ops import SPECS
 
-OPS = ("rms_norm", "rope", "swiglu", "swiglu_fg_kernel", "swiglu_DWf_DW_dfg_kernel")
+OPS = tuple(SPECS)  # the contract's ops, in the registry's order
 
 
 class ImplementationUnavailable(RuntimeError):
@@ -85,73 +87,42 @@ class Implementation:
         return f" ({'; '.join(hints)})" if hints else ""
 
 
-# --- hf -----------------------------------------------------------------------------------------
-
-
-def _hf_swiglu_backward(DW, e, g):
-    h, df, de = R.swiglu_lora_backward(DW, e, g)
-    with torch.no_grad():
-        DW.copy_(h)
-        e.copy_(df)
-        g.copy_(de)
-    return DW, e, g
+# --- the built-in implementations, from the specs ---------------------------------------------------
 
 
 def _hf():
-    return SimpleNamespace(
-        rms_norm=lambda X, W, eps, gemma=False: R.rms_norm(X, W, eps, gemma),
-        rope=lambda Q, K, cos, sin, position_ids=None: R.rope(Q, K, cos, sin, position_ids),
-        swiglu=lambda e, g: R.swiglu(e, g),
-        swiglu_fg_kernel=lambda e, g: R.swiglu(e, g).detach(),
-        swiglu_DWf_DW_dfg_kernel=_hf_swiglu_backward,
-        CLOBBERS={"swiglu_DWf_DW_dfg_kernel": {"DW", "e", "g"}},
-    )
-
-
-# --- compile ------------------------------------------------------------------------------------
+    """Each spec's HF maths as the contract's callable; a raw kernel's buffers are its clobbers."""
+    ops = {name: spec.contract_callable() for name, spec in SPECS.items()}
+    clobbers = {name: set(spec.buffers_hold_outputs.values()) for name, spec in SPECS.items()
+                if spec.buffers_hold_outputs}
+    return SimpleNamespace(**ops, CLOBBERS=clobbers)
 
 
 def _compile():
-    compile_ = functools.partial(torch.compile, dynamic=True)
-    rms = compile_(R.rms_norm)
-    rope = compile_(R.rope)
-    swiglu = compile_(R.swiglu)
-    return SimpleNamespace(
-        rms_norm=lambda X, W, eps, gemma=False: rms(X, W, eps, gemma),
-        rope=lambda Q, K, cos, sin, position_ids=None: rope(Q, K, cos, sin, position_ids),
-        swiglu=lambda e, g: swiglu(e, g),
-        LACKING=_NO_RAW_KERNELS,
-    )
-
-
-_NO_RAW_KERNELS = {op: "the raw SwiGLU kernels have no counterpart here"
-                   for op in ("swiglu_fg_kernel", "swiglu_DWf_DW_dfg_kernel")}
-
-
-# --- liger --------------------------------------------------------------------------------------
+    """torch.compile of HF's maths for every autograd op; a raw kernel has no HF graph to compile."""
+    ops, lacking = {}, {}
+    for name, spec in SPECS.items():
+        if spec.differentiable:
+            ops[name] = torch.compile(spec.reference, dynamic=True)
+        else:
+            lacking[name] = "a raw kernel has no HF counterpart to compile"
+    return SimpleNamespace(**ops, LACKING=lacking)
 
 
 def _liger():
-    try:
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-        from liger_kernel.ops.rope import LigerRopeFunction
-        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-    except ImportError as exc:
-        raise ImplementationUnavailable(
-            f"liger-kernel is not importable ({exc}); install it with pip install 'kernel-oracle[liger]'") from exc
-
-    def rms_norm(X, W, eps, gemma=False):
-        # Liger's defaults: Llama casting with in_place=True (dX written into dY), Gemma with offset 1.
-        if gemma:
-            return LigerRMSNormFunction.apply(X, W, eps, 1.0, "gemma", True)
-        return LigerRMSNormFunction.apply(X, W, eps, 0.0, "llama", True)
-
-    def rope(Q, K, cos, sin, position_ids=None):
-        # Liger takes the gathered rows, as HF's rotary embedding returns them: (batch, seq, head_dim).
-        return LigerRopeFunction.apply(Q, K, *R.table_rows(Q, cos, sin, position_ids))
-
-    return SimpleNamespace(rms_norm=rms_norm, rope=rope, swiglu=lambda e, g: LigerSiLUMulFunction.apply(e, g),
-                           LACKING=_NO_RAW_KERNELS)
+    """Liger-Kernel's counterpart of every spec that names one (``OpSpec.liger``). It declares no
+    CLOBBERS: Liger documents none."""
+    ops, lacking = {}, {}
+    for name, spec in SPECS.items():
+        if spec.liger is None:
+            lacking[name] = "Liger-Kernel has no counterpart"
+            continue
+        try:
+            ops[name] = spec.liger()
+        except ImportError as exc:
+            raise ImplementationUnavailable(
+                f"liger-kernel is not importable ({exc}); install it with pip install 'kernel-oracle[liger]'") from exc
+    return SimpleNamespace(**ops, LACKING=lacking)
 
 
 def _kernels():

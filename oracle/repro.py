@@ -15,7 +15,7 @@ from .cases import Case
 from .devices import default_device
 from .engine import run_case
 from .impls import ImplementationUnavailable, load
-from .specs import SPECS
+from .ops import SPECS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import triton.testing
 from torch.profiler import ProfilerActivity, profile
 
 import kernels
-from oracle import reference as R
+from oracle.ops import rms_norm as norm_ops, rope as rope_ops
 
 
 def cpu_issue_us(fn, n=200):
@@ -57,13 +57,13 @@ def main():
     report("rms_norm fwd+bwd", lambda: torch.autograd.grad(kernels.rms_norm(X, W, 1e-6), (X, W), dY))
     report("rms_norm fwd+bwd dX into dY",
            lambda: torch.autograd.grad(kernels.rms_norm(X, W, 1e-6, write_dx_into_dy=True), (X, W), own))
-    compiled = torch.compile(R.rms_norm)
+    compiled = torch.compile(norm_ops.rms_norm)
     report("compile rms_norm fwd+bwd", lambda: torch.autograd.grad(compiled(X, W, 1e-6), (X, W), dY))
 
     Q0 = torch.randn(4, 32, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     K0 = torch.randn(4, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    cos, sin = R.rotary_table(4096, 128, device="cuda")
-    from oracle.specs import packed_positions
+    cos, sin = rope_ops.rotary_table(4096, 128, device="cuda")
+    from oracle.ops.rope import packed_positions
     pos = packed_positions(4, 4096, torch.Generator().manual_seed(0)).cuda()
     Qd, Kd = Q0.detach().clone(), K0.detach().clone()
     report("rope fwd plain", lambda: kernels.rope(Qd, Kd, cos, sin))

@@ -13,7 +13,7 @@ import torch
 import triton.testing
 
 import kernels
-from oracle import reference as R
+from oracle.ops import rope as rope_ops
 
 rms = importlib.import_module("kernels.rms_norm")
 rope = importlib.import_module("kernels.rope")
@@ -52,7 +52,7 @@ def rms_norm_knobs():
 def rope_knobs():
     Q = torch.randn(4, 32, 4096, 128, device="cuda", dtype=torch.bfloat16)
     K = torch.randn(4, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
-    cos, sin = R.rotary_table(4096, 128, device="cuda")
+    cos, sin = rope_ops.rotary_table(4096, 128, device="cuda")
     original_warps, original_group = rope.rope_warps, rope.GROUP_SIZE
     for group, warps in itertools.product((4, 8, 16), (1, 2, 4)):
         rope.GROUP_SIZE = group

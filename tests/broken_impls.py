@@ -18,13 +18,13 @@ import torch.nn.functional as F
 import kernels  # before triton: it picks the interpreter on a machine without a GPU
 import triton
 import triton.language as tl
-from oracle import reference as R
+from oracle.ops import rms_norm as norm_ops, rope as rope_ops, swiglu as swiglu_ops
 
 # --- the differential verdict ----------------------------------------------------------------------
 
 
 def _rms_norm_skipping_last_row(X, W, eps, gemma=False):
-    Y = R.rms_norm(X, W, eps, gemma)
+    Y = norm_ops.rms_norm(X, W, eps, gemma)
     out = torch.empty(Y.shape, dtype=Y.dtype, device=Y.device)  # poisoned with NaN by the harness
     out[..., :-1, :] = Y[..., :-1, :]
     return out + 0 * Y  # keep Y's graph so backward still reaches X and W
@@ -34,7 +34,7 @@ def _rms_norm_skipping_last_row(X, W, eps, gemma=False):
 skips_last_row = SimpleNamespace(rms_norm=_rms_norm_skipping_last_row)
 
 # RMSNorm that ignores eps: right for ordinary rows, wrong where eps matters (tiny or zero rows).
-ignores_eps = SimpleNamespace(rms_norm=lambda X, W, eps, gemma=False: R.rms_norm(X, W, 0.0, gemma))
+ignores_eps = SimpleNamespace(rms_norm=lambda X, W, eps, gemma=False: norm_ops.rms_norm(X, W, 0.0, gemma))
 
 
 class _RopeWrongSignBackward(torch.autograd.Function):
@@ -43,12 +43,12 @@ class _RopeWrongSignBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q, K, cos, sin, position_ids):
         ctx.save_for_backward(cos, sin, position_ids)
-        return R.rope(Q, K, cos, sin, position_ids)
+        return rope_ops.rope(Q, K, cos, sin, position_ids)
 
     @staticmethod
     def backward(ctx, dQ, dK):
         cos, sin, position_ids = ctx.saved_tensors
-        return (*R.rope(dQ, dK, cos, sin, position_ids), None, None, None)
+        return (*rope_ops.rope(dQ, dK, cos, sin, position_ids), None, None, None)
 
 
 wrong_sign = SimpleNamespace(rope=lambda Q, K, cos, sin, position_ids=None:
@@ -61,7 +61,7 @@ class _SwigluMissingFactor(torch.autograd.Function):
     @staticmethod
     def forward(ctx, e, g):
         ctx.save_for_backward(e, g)
-        return R.swiglu(e, g)
+        return swiglu_ops.swiglu(e, g)
 
     @staticmethod
     def backward(ctx, dh):
@@ -73,7 +73,7 @@ swiglu_wrong_derivative = SimpleNamespace(swiglu=lambda e, g: _SwigluMissingFact
 
 
 def _backward_returning_new_tensors(DW, e, g):
-    return R.swiglu_lora_backward(DW, e, g)  # right values, but DW, e, g do not hold them
+    return swiglu_ops.swiglu_lora_backward(DW, e, g)  # right values, but DW, e, g do not hold them
 
 
 raw_backward_not_in_place = SimpleNamespace(swiglu_DWf_DW_dfg_kernel=_backward_returning_new_tensors,
@@ -133,12 +133,12 @@ class _SwigluOverwritingSaved(torch.autograd.Function):
     @staticmethod
     def forward(ctx, e, g):
         ctx.save_for_backward(e, g)
-        return R.swiglu(e.detach(), g.detach())
+        return swiglu_ops.swiglu(e.detach(), g.detach())
 
     @staticmethod
     def backward(ctx, dh):
         e, g = ctx.saved_tensors
-        h, dg, de = R.swiglu_lora_backward(dh, e, g)
+        h, dg, de = swiglu_ops.swiglu_lora_backward(dh, e, g)
         e.data.copy_(de)
         g.data.copy_(dg)
         return e.data, g.data
@@ -155,7 +155,7 @@ class _RmsNormOneStride(torch.autograd.Function):
     def forward(ctx, X, W, eps, gemma):
         ctx.save_for_backward(X, W)
         ctx.eps, ctx.gemma = eps, gemma
-        return R.rms_norm(X.detach(), W.detach(), eps, gemma)
+        return norm_ops.rms_norm(X.detach(), W.detach(), eps, gemma)
 
     @staticmethod
     def backward(ctx, dY):
@@ -163,7 +163,7 @@ class _RmsNormOneStride(torch.autograd.Function):
         as_if_dense = dY.as_strided(dY.shape, torch.empty(dY.shape).stride())
         with torch.enable_grad():
             x, w = X.detach().requires_grad_(), W.detach().requires_grad_()
-            dX, dW = torch.autograd.grad(R.rms_norm(x, w, ctx.eps, ctx.gemma), (x, w), as_if_dense)
+            dX, dW = torch.autograd.grad(norm_ops.rms_norm(x, w, ctx.eps, ctx.gemma), (x, w), as_if_dense)
         return dX, dW, None, None
 
 
@@ -173,12 +173,12 @@ assumes_dense_gradient = SimpleNamespace(rms_norm=lambda X, W, eps, gemma=False:
 
 def _rope_ignoring_strides(Q, K, cos, sin, position_ids=None):
     """Rotates in place as if Q and K were contiguous: from a fused QKV it writes over K and V."""
-    q_out, k_out = R.rope(Q.detach(), K.detach(), cos, sin, position_ids)
+    q_out, k_out = rope_ops.rope(Q.detach(), K.detach(), cos, sin, position_ids)
     for target, value in ((Q, q_out), (K, k_out)):
         dense = torch.empty(0, dtype=target.dtype, device=target.device)
         dense.set_(target.untyped_storage(), target.storage_offset(), target.shape)
         dense.copy_(value)
-    return R.rope(Q, K, cos, sin, position_ids)
+    return rope_ops.rope(Q, K, cos, sin, position_ids)
 
 
 ignores_strides = SimpleNamespace(rope=_rope_ignoring_strides, CLOBBERS={"rope": {"Q", "K"}})
@@ -186,7 +186,7 @@ ignores_strides = SimpleNamespace(rope=_rope_ignoring_strides, CLOBBERS={"rope":
 
 def _fg_writing_past_the_end(e, g):
     h = torch.empty_like(e)
-    h.copy_(R.swiglu(e, g))
+    h.copy_(swiglu_ops.swiglu(e, g))
     torch.as_strided(h, (h.numel() + 1,), (1,))[-1] = 0.0  # one element past the end
     return h
 
@@ -196,7 +196,7 @@ writes_past_the_end = SimpleNamespace(swiglu_fg_kernel=_fg_writing_past_the_end)
 
 def _fg_leaving_last_unwritten(e, g):
     h = torch.empty(e.shape, dtype=e.dtype, device=e.device)
-    flat_h, flat = h.view(-1), R.swiglu(e, g).reshape(-1)
+    flat_h, flat = h.view(-1), swiglu_ops.swiglu(e, g).reshape(-1)
     flat_h[:-1] = flat[:-1]
     return h
 
@@ -206,7 +206,7 @@ leaves_last_unwritten = SimpleNamespace(swiglu_fg_kernel=_fg_leaving_last_unwrit
 
 def _rope_in_place_untracked(Q, K, cos, sin, position_ids=None):
     """Rotates Q and K in place behind autograd's back (no mark_dirty, no version bump)."""
-    q_out, k_out = R.rope(Q, K, cos, sin, position_ids)
+    q_out, k_out = rope_ops.rope(Q, K, cos, sin, position_ids)
     Q.data.copy_(q_out.detach())
     K.data.copy_(k_out.detach())
     return q_out, k_out
@@ -216,7 +216,7 @@ untracked_in_place = SimpleNamespace(rope=_rope_in_place_untracked, CLOBBERS={"r
 
 
 def _raw_backward_untracked(DW, e, g):
-    h, df, de = R.swiglu_lora_backward(DW, e, g)
+    h, df, de = swiglu_ops.swiglu_lora_backward(DW, e, g)
     for buffer, value in ((DW, h), (e, df), (g, de)):
         buffer.data.copy_(value)  # .data: writes without bumping the version counter
     return DW, e, g
@@ -325,7 +325,7 @@ class _RmsNormHandBackward(torch.autograd.Function):
     def forward(ctx, X, W, eps, gemma, backward_fn):
         ctx.save_for_backward(X, W)
         ctx.eps, ctx.gemma, ctx.backward_fn = eps, gemma, backward_fn
-        return R.rms_norm(X, W, eps, gemma)
+        return norm_ops.rms_norm(X, W, eps, gemma)
 
     @staticmethod
     def backward(ctx, dY):
@@ -437,7 +437,7 @@ rms_norm_divides_by_block = SimpleNamespace(rms_norm=_rms_norm_with(_normalise_o
 # Gemma scales by W instead of 1 + W (the offset forgotten); Llama right. Wrong in every dtype, Gemma only.
 def _rms_norm_gemma_scaling_by_w(X, W, eps, gemma=False):
     if not gemma:
-        return R.rms_norm(X, W, eps)
+        return norm_ops.rms_norm(X, W, eps)
     h = X.float()
     return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * W.float()).to(X.dtype)
 
@@ -467,8 +467,8 @@ rms_norm_state_per_program = SimpleNamespace(rms_norm=_rms_norm_with(_normalise_
 # Wrong in float16/bfloat16, only with a float32 W; Gemma right.
 def _rms_norm_rounding_fp32_weight(X, W, eps, gemma=False):
     if gemma:
-        return R.rms_norm(X, W, eps, gemma)
-    return R.rms_norm(X, W.to(X.dtype), eps).to(torch.promote_types(X.dtype, W.dtype))
+        return norm_ops.rms_norm(X, W, eps, gemma)
+    return norm_ops.rms_norm(X, W.to(X.dtype), eps).to(torch.promote_types(X.dtype, W.dtype))
 
 
 rms_norm_rounds_fp32_weight = SimpleNamespace(rms_norm=_rms_norm_rounding_fp32_weight)
@@ -492,7 +492,7 @@ def _rope_clamping_token_index(Q, K, cos, sin, position_ids=None, last_token=47)
     if seq > last_token + 1:
         tail = positions[:, last_token:last_token + 1].expand(-1, seq - last_token - 1)
         positions = torch.cat((positions[:, :last_token + 1], tail), dim=1)
-    return R.rope(Q, K, cos, sin, positions)
+    return rope_ops.rope(Q, K, cos, sin, positions)
 
 
 rope_wrong_position_past_48 = SimpleNamespace(rope=_rope_clamping_token_index)
@@ -503,7 +503,7 @@ rope_wrong_position_past_48 = SimpleNamespace(rope=_rope_clamping_token_index)
 def _rope_first_row_positions(Q, K, cos, sin, position_ids=None):
     if position_ids is not None:
         position_ids = position_ids[:1].expand_as(position_ids)
-    return R.rope(Q, K, cos, sin, position_ids)
+    return rope_ops.rope(Q, K, cos, sin, position_ids)
 
 
 rope_first_row_positions = SimpleNamespace(rope=_rope_first_row_positions)
@@ -516,7 +516,7 @@ def _rotate_interleaved_pairs(x):
 
 # GPT-J-style RoPE (interleaved pairs) where HF rotates the two halves. Wrong in every dtype.
 def _rope_interleaved(Q, K, cos, sin, position_ids=None):
-    c, s = R.table_rows(Q, cos, sin, position_ids)
+    c, s = rope_ops.table_rows(Q, cos, sin, position_ids)
     half = c.shape[-1] // 2
     c = c[..., :half].repeat_interleave(2, dim=-1).unsqueeze(1)
     s = s[..., :half].repeat_interleave(2, dim=-1).unsqueeze(1)
@@ -529,7 +529,7 @@ rope_interleaved_pairs = SimpleNamespace(rope=_rope_interleaved)
 # The loop over groups of 4 Q heads stops before a partial last group: those heads come back
 # unrotated. Wrong in every dtype when n_heads % 4 != 0.
 def _rope_skipping_partial_head_group(Q, K, cos, sin, position_ids=None, group=4):
-    Q_out, K_out = R.rope(Q, K, cos, sin, position_ids)
+    Q_out, K_out = rope_ops.rope(Q, K, cos, sin, position_ids)
     rotated = group * (Q.shape[1] // group)
     return torch.cat((Q_out[:, :rotated], Q[:, rotated:]), dim=1), K_out
 
@@ -539,7 +539,7 @@ rope_skips_partial_head_group = SimpleNamespace(rope=_rope_skipping_partial_head
 
 # cos and sin rows pass through float16 before Q's dtype (a half-precision table cache). Wrong in float32.
 def _rope_half_precision_table(Q, K, cos, sin, position_ids=None):
-    return R.rope(Q, K, cos.to(torch.float16), sin.to(torch.float16), position_ids)
+    return rope_ops.rope(Q, K, cos.to(torch.float16), sin.to(torch.float16), position_ids)
 
 
 rope_low_precision_table = SimpleNamespace(rope=_rope_half_precision_table)
@@ -550,7 +550,7 @@ rope_low_precision_table = SimpleNamespace(rope=_rope_half_precision_table)
 
 def _hf_swiglu_gradients(dh, e, g):
     """(de, dg) by HF's autograd."""
-    _, dg, de = R.swiglu_lora_backward(dh, e, g)
+    _, dg, de = swiglu_ops.swiglu_lora_backward(dh, e, g)
     return de, dg
 
 
@@ -570,7 +570,7 @@ class _SwigluHandWritten(torch.autograd.Function):
         return de, dg, None, None
 
 
-def _swiglu_from(forward_fn=R.swiglu, backward_fn=_hf_swiglu_gradients):
+def _swiglu_from(forward_fn=swiglu_ops.swiglu, backward_fn=_hf_swiglu_gradients):
     return lambda e, g: _SwigluHandWritten.apply(e, g, forward_fn, backward_fn)
 
 
@@ -587,7 +587,7 @@ def _de_with_low_precision_sigmoid(dh, e, g):
 
 # h zeroed wherever |h| < 0.1 (small outputs flushed); backward HF's. Wrong in every dtype.
 def _swiglu_flushing_small(e, g, threshold=0.1):
-    h = R.swiglu(e, g)
+    h = swiglu_ops.swiglu(e, g)
     return torch.where(h.abs() < threshold, torch.zeros_like(h), h)
 
 
@@ -626,7 +626,7 @@ swiglu_de_sign_flipped = SimpleNamespace(swiglu=_swiglu_from(backward_fn=_swiglu
 # Raw forward leaves the last partial block of 1024 elements zero once numel > 4096 (a tail tile
 # dropped). Wrong in every dtype when numel > 4096 and numel % 1024 != 0.
 def _fg_dropping_tail_block(e, g, block=1024, threshold=4096):
-    flat = R.swiglu(e, g).detach().reshape(-1)
+    flat = swiglu_ops.swiglu(e, g).detach().reshape(-1)
     n = flat.numel()
     written = n - n % block if n > threshold else n
     h = torch.zeros(e.shape, dtype=e.dtype, device=e.device)
@@ -673,7 +673,7 @@ swiglu_raw_backward_low_precision_sigmoid = SimpleNamespace(
 # Raw backward stores de where df belongs and df where de belongs (the two gradients swapped).
 # Wrong in every dtype.
 def _raw_backward_swapping_gradients(DW, e, g):
-    h, df, de = R.swiglu_lora_backward(DW, e, g)
+    h, df, de = swiglu_ops.swiglu_lora_backward(DW, e, g)
     return _written_into_buffers(DW, e, g, h, de, df)
 
 

@@ -11,7 +11,7 @@ from oracle.cases import Case
 from oracle.engine import run_case
 from oracle.impls import load
 from oracle.memory import MARGIN_BYTES, MARGIN_CAP_BYTES, GuardedTensor
-from oracle.specs import SPECS
+from oracle.ops import SPECS
 
 RMS = Case("rms_norm", "llama", "bfloat16", {"lead": [2, 3], "cols": 40}, "contiguous", "normal",
            {"eps": 1e-6, "weight": "same"}, seed=11)

@@ -18,7 +18,7 @@ import torch
 import kernels
 from oracle import reference as R
 from oracle.compare import judge
-from oracle.specs import SPECS
+from oracle.ops import SPECS
 from tests.test_kernels import no_launch, refuse_launches  # noqa: F401  (no_launch: a fixture)
 
 TABLE = [(spec.name, entry) for spec in SPECS.values() for entry in spec.error_inputs()]

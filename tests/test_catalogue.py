@@ -10,7 +10,7 @@ from hypothesis import Phase, settings
 
 from oracle.impls import load
 from oracle.cases import FLOAT_DTYPES
-from oracle.specs import SPECS
+from oracle.ops import SPECS
 from tests.broken_impls import CATALOGUE, Bug
 from tests.test_ops import _differential_test
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from oracle import reference as R
+from oracle.ops import rms_norm as norm_ops
 from oracle.compare import bit_identical, judge, summation_noise, ulp_distance, ulp_of, ulps_of
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -113,8 +114,8 @@ def test_cast_order_slip_shows_in_bit_identity_but_passes_the_ratio():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(64, 256, generator=gen).bfloat16()
     w = (1 + 0.1 * torch.randn(256, generator=gen)).bfloat16()
-    h = R.llama_rms_norm(x, w, 1e-6)
-    t = R.truth(R.llama_rms_norm, x, w, 1e-6)
+    h = norm_ops.llama_rms_norm(x, w, 1e-6)
+    t = R.truth(norm_ops.llama_rms_norm, x, w, 1e-6)
     slipped = _llama_norm(x, w, 1e-6, cast_then_scale=False)
     v = judge("Y", slipped, h, t)
     assert v.passed, v
@@ -132,11 +133,11 @@ def test_a_real_bug_fails_the_ratio():
     def divides_by_n_minus_1(x, w):
         return w * (x.float() * torch.rsqrt(x.float().pow(2).sum(-1, keepdim=True) / 255 + 1e-6)).to(x.dtype)
 
-    fp32 = judge("Y", divides_by_n_minus_1(x, w), R.llama_rms_norm(x, w, 1e-6), R.truth(R.llama_rms_norm, x, w, 1e-6))
+    fp32 = judge("Y", divides_by_n_minus_1(x, w), norm_ops.llama_rms_norm(x, w, 1e-6), R.truth(norm_ops.llama_rms_norm, x, w, 1e-6))
     assert not fp32.passed and fp32.error_ratio > 1000
     xb, wb = x.bfloat16(), w.bfloat16()
-    bf16 = judge("Y", divides_by_n_minus_1(xb, wb), R.llama_rms_norm(xb, wb, 1e-6),
-                 R.truth(R.llama_rms_norm, xb, wb, 1e-6))
+    bf16 = judge("Y", divides_by_n_minus_1(xb, wb), norm_ops.llama_rms_norm(xb, wb, 1e-6),
+                 R.truth(norm_ops.llama_rms_norm, xb, wb, 1e-6))
     assert bf16.passed and bf16.bit_identical < 0.9  # visible only as lost bit-identity
 
 
@@ -176,13 +177,13 @@ def test_ulps_of_matches_ulp_of_per_element():
 def test_hf_itself_and_an_equally_accurate_order_pass_all_three():
     """Gemma's cast order used for Llama (scale in fp32, round once): as accurate as HF, other bits.
     Judged with the spec's own noise model, it passes every judgement; it shows as drift only."""
-    from oracle.specs import SPECS
+    from oracle.ops import SPECS
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(64, 256, generator=gen).bfloat16()
     w = (1 + 0.1 * torch.randn(256, generator=gen)).bfloat16()
     noise = SPECS["rms_norm"].noise["Y"]({"X": x, "W": w, "eps": 1e-6, "gemma": False}, {})
-    h, t = R.llama_rms_norm(x, w, 1e-6), R.truth(R.llama_rms_norm, x, w, 1e-6)
+    h, t = norm_ops.llama_rms_norm(x, w, 1e-6), R.truth(norm_ops.llama_rms_norm, x, w, 1e-6)
     assert judge("Y", h.clone(), h, t, element_noise=noise).passed
     v = judge("Y", _llama_norm(x, w, 1e-6, cast_then_scale=False), h, t, element_noise=noise)
     assert v.passed, v.reason
@@ -247,7 +248,7 @@ def test_another_summation_order_passes_in_fp32_and_a_16_bit_sum_fails():
     accumulated sequentially in fp32 moves every element of a row by the same few u_c, a mean error
     several times HF's; the spec's order noise gives exactly that room. The same sum kept in bf16 is
     a precision loss the distribution judgement still sees."""
-    from oracle.specs import SPECS
+    from oracle.ops import SPECS
 
     spec = SPECS["rms_norm"]
     gen = torch.Generator().manual_seed(0)
@@ -255,7 +256,7 @@ def test_another_summation_order_passes_in_fp32_and_a_16_bit_sum_fails():
     w = 0.1 * torch.randn(2047, generator=gen)
     args = {"X": x, "W": w, "eps": 1e-6, "gemma": True}
     noise, order = spec.noise["Y"](args, {}), spec.order_noise["Y"](args, {})
-    h, t = R.gemma_rms_norm(x, w, 1e-6), R.truth(R.gemma_rms_norm, x, w, 1e-6)
+    h, t = norm_ops.gemma_rms_norm(x, w, 1e-6), R.truth(norm_ops.gemma_rms_norm, x, w, 1e-6)
     sequential = _gemma_norm_summed_in_order(x, w, 1e-6, torch.float32)
     without_room = judge("Y", sequential, h, t, element_noise=noise)
     assert not without_room.passed and without_room.mean_error > 3 * without_room.hf_mean_error
@@ -264,7 +265,7 @@ def test_another_summation_order_passes_in_fp32_and_a_16_bit_sum_fails():
 
     xb, wb = x.bfloat16(), w.bfloat16()
     args_b = {"X": xb, "W": wb, "eps": 1e-6, "gemma": True}
-    hb, tb = R.gemma_rms_norm(xb, wb, 1e-6), R.truth(R.gemma_rms_norm, xb, wb, 1e-6)
+    hb, tb = norm_ops.gemma_rms_norm(xb, wb, 1e-6), R.truth(norm_ops.gemma_rms_norm, xb, wb, 1e-6)
     noise_b, order_b = spec.noise["Y"](args_b, {}), spec.order_noise["Y"](args_b, {})
     fp32_sum = _gemma_norm_summed_in_order(xb, wb, 1e-6, torch.float32)
     v = judge("Y", fp32_sum, hb, tb, element_noise=noise_b, order_noise=order_b)

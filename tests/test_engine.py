@@ -11,7 +11,7 @@ import pytest
 from oracle.cases import Case
 from oracle.engine import CaseResult, run_case
 from oracle.impls import ImplementationUnavailable, load
-from oracle.specs import SPECS
+from oracle.ops import SPECS
 
 RMS = Case("rms_norm", "llama", "float32", {"lead": [3, 2], "cols": 33}, "strided", "normal",
            {"eps": 1e-6, "weight": "same"}, seed=5)

@@ -12,7 +12,7 @@ import torch
 from kernels import _runtime
 from kernels.patching import apply_rotary_pos_emb, patch_model, patched, unpatch_model
 from oracle.compare import judge
-from oracle.specs import packed_positions
+from oracle.ops.rope import packed_positions
 
 import transformers  # a dependency: its absence is an error, never a skip
 from transformers import (

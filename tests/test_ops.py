@@ -15,7 +15,8 @@ from oracle import aliasing
 from oracle.cases import FLOAT_DTYPES, past_tiles
 from oracle.devices import case_budget
 from oracle.engine import place, prepare, repro_command, run_case
-from oracle.specs import SPECS, OpSpec
+from oracle.ops import SPECS
+from oracle.specs import OpSpec
 
 BUDGET = case_budget()
 

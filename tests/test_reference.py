@@ -1,24 +1,27 @@
 """The oracle is bit-for-bit the installed transformers' maths: forward outputs and gradients.
 
 Every test id carries the transformers version it ran against, so a report of "passed" says which
-HF it proved. Skipped, with the reason, when transformers is not installed.
+HF it proved. transformers is a dependency: without it this module fails to import, never skips.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import re
 
 import pytest
 import torch
 
-from oracle import reference as R
-
-import transformers  # a dependency: its absence is an error, never a skip
+import transformers
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.llama import modeling_llama
 from transformers.models.llama.configuration_llama import LlamaConfig
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+from oracle import reference as R
+from oracle.ops import rms_norm as norm_ops, rope as rope_ops, swiglu as swiglu_ops
 
 VERSION = transformers.__version__
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -35,15 +38,15 @@ def _grads(out: torch.Tensor, inputs, upstream: torch.Tensor):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-@pytest.mark.parametrize("cls, ours", [(modeling_llama.LlamaRMSNorm, R.llama_rms_norm), (Qwen3RMSNorm, R.llama_rms_norm),
-                                       (GemmaRMSNorm, R.gemma_rms_norm), (Gemma3RMSNorm, R.gemma_rms_norm)],
+@pytest.mark.parametrize("cls, ours", [(modeling_llama.LlamaRMSNorm, norm_ops.llama_rms_norm), (Qwen3RMSNorm, norm_ops.llama_rms_norm),
+                                       (GemmaRMSNorm, norm_ops.gemma_rms_norm), (Gemma3RMSNorm, norm_ops.gemma_rms_norm)],
                          ids=lambda v: getattr(v, "__name__", ""))
 @pytest.mark.parametrize("weight_fp32", [False, True], ids=["weight-in-dtype", "weight-fp32"])
 def test_rms_norms_bit_identical(cls, ours, dtype, weight_fp32, device):
     gen = torch.Generator().manual_seed(0)
     module = cls(96, eps=1e-6).to(device)
     with torch.no_grad():
-        module.weight.copy_(torch.randn(96, generator=gen) * 0.1 + (1.0 if ours is R.llama_rms_norm else 0.0))
+        module.weight.copy_(torch.randn(96, generator=gen) * 0.1 + (1.0 if ours is norm_ops.llama_rms_norm else 0.0))
     if not weight_fp32:
         module = module.to(dtype)
     x = (torch.randn(3, 5, 96, generator=gen) * 2).to(device=device, dtype=dtype).requires_grad_()
@@ -85,16 +88,16 @@ def test_rotary_embedding_and_apply_bit_identical(rope_type, dtype, device):
     k = torch.randn(2, 2, 7, head_dim, generator=gen).to(device=device, dtype=dtype).requires_grad_()
 
     cos_hf, sin_hf = rotary(q, positions)
-    inv_freq, scaling = R.rope_inv_freq(head_dim, theta, rope_type, **SCALINGS[rope_type])
-    cos, sin = R.rotary_cos_sin(inv_freq, scaling, positions, dtype)
+    inv_freq, scaling = rope_ops.rope_inv_freq(head_dim, theta, rope_type, **SCALINGS[rope_type])
+    cos, sin = rope_ops.rotary_cos_sin(inv_freq, scaling, positions, dtype)
     assert _same_bits(cos, cos_hf) and _same_bits(sin, sin_hf)
     assert rotary.attention_scaling == scaling
     # The contract's tables: rows of the same computation, indexed by position, then cast.
-    cos_table, sin_table = R.rotary_table(256, head_dim, theta, rope_type, device=device, **SCALINGS[rope_type])
+    cos_table, sin_table = rope_ops.rotary_table(256, head_dim, theta, rope_type, device=device, **SCALINGS[rope_type])
     assert _same_bits(cos_table[positions].to(dtype), cos_hf) and _same_bits(sin_table[positions].to(dtype), sin_hf)
 
     q_hf, k_hf = modeling_llama.apply_rotary_pos_emb(q, k, cos_hf, sin_hf)
-    q_ours, k_ours = R.rope(q, k, cos_table, sin_table, positions)
+    q_ours, k_ours = rope_ops.rope(q, k, cos_table, sin_table, positions)
     assert _same_bits(q_ours, q_hf) and _same_bits(k_ours, k_hf)
     dq, dk = torch.randn_like(q_hf), torch.randn_like(k_hf)
     grads_hf = torch.autograd.grad((q_hf, k_hf), (q, k), (dq, dk))
@@ -111,7 +114,7 @@ def test_llama_mlp_bit_identical(dtype, device):
     x = torch.randn(3, 5, config.hidden_size, device=device).to(dtype).requires_grad_()
     out_hf = mlp(x)
     params = [mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
-    out = R.llama_mlp(x, *params)
+    out = swiglu_ops.llama_mlp(x, *params)
     assert _same_bits(out, out_hf)
     dy = torch.randn_like(out)
     grads_hf = torch.autograd.grad(out_hf, [x, *params], dy)
@@ -134,8 +137,26 @@ def test_no_hub_kernel_swapped_in():
     assert inspect.getsourcefile(modeling_llama.apply_rotary_pos_emb) == inspect.getsourcefile(modeling_llama)
 
 
-def test_each_mirror_records_its_source_and_checked_versions():
-    for name in ("llama_rms_norm", "gemma_rms_norm", "rope_inv_freq", "rotary_cos_sin", "rotate_half",
-                 "apply_rotary_pos_emb", "swiglu", "llama_mlp"):
-        mirror = R.MIRRORS[name]
-        assert mirror.source.startswith("transformers.") and mirror.checked
+def _resolve(dotted: str):
+    """The object a dotted transformers path names (module, then attributes)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(dotted)
+
+
+def test_each_mirror_names_a_source_the_installed_transformers_has():
+    """Every mirror in the registry says which transformers object it copies, and that object exists
+    in the installed version (whose bit-identity the tests above prove; the version is in their ids)."""
+    assert {"llama_rms_norm", "gemma_rms_norm", "rope_inv_freq", "rotary_cos_sin", "rotate_half",
+            "apply_rotary_pos_emb", "swiglu", "llama_mlp"} <= set(R.MIRRORS)
+    for name, mirror in R.MIRRORS.items():
+        dotted = re.match(r"transformers(\.\w+)+", mirror.source)
+        assert dotted, f"{name}: {mirror.source!r} names no transformers object"
+        assert _resolve(dotted.group(0)) is not None

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from oracle.impls import OPS, load
-from oracle.specs import SPECS
+from oracle.ops import SPECS
 from tests import test_ops
 
 ROOT = Path(__file__).parent.parent

@@ -11,7 +11,7 @@ import torch
 
 import kernels
 from kernels import _runtime
-from oracle import reference as R
+from oracle.ops import rms_norm as norm_ops
 
 interpreter_only = pytest.mark.skipif(not _runtime.interpreted(), reason="the interpreter's casts only matter on CPU")
 
@@ -33,7 +33,7 @@ def test_kernel_bf16_results_match_round_to_nearest_even_only_with_the_correctio
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(8, 256, generator=gen).bfloat16()
     w = (1 + 0.1 * torch.randn(256, generator=gen)).bfloat16()
-    expected = R.gemma_rms_norm(x, w, 1e-6)  # one fp32 -> bf16 rounding per element, as the kernel does
+    expected = norm_ops.gemma_rms_norm(x, w, 1e-6)  # one fp32 -> bf16 rounding per element, as the kernel does
     assert torch.equal(kernels.rms_norm(x, w, 1e-6, gemma=True).view(torch.int16), expected.view(torch.int16))
     if _runtime.ensure_faithful_bf16() == "corrected":
         with _runtime.uncorrected_bf16_casts():

@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..cases import FLOAT_DTYPES
 from ..environment import environment, platform_key, write_json_atomic, write_text_atomic
 from ..impls import ImplementationUnavailable, load
-from ..specs import SPECS
+from ..ops import SPECS
 from . import gate, html, results, sweep, terminal
 
 DEFAULT_BENCH = Path("reports/bench-h200.json")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -22,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
 
 from ..compare import ULP_BINS  # noqa: E402
+from ..ops import SPECS  # noqa: E402
 from .results import typical_excess  # noqa: E402
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -134,7 +136,9 @@ def ulp_histograms(cells) -> str:
 def error_vs_columns(cells) -> str:
     """Worst error per column count (over the grid's cases with that many columns, contiguous)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
-    for op, tensor, marker in (("rms_norm", "Y", "o"), ("rms_norm", "dX", "s"), ("swiglu", "h", "^")):
+    # every op whose cases take the case's layout, by its first output (the raw kernels repeat their op's)
+    charted = [(spec.name, spec.outputs[0]) for spec in SPECS.values() if spec.layout_args]
+    for (op, tensor), marker in zip(charted, itertools.cycle("os^vD<>")):
         for dtype in DTYPES:
             worst: dict[int, tuple[float, float]] = {}
             for c in cells:

@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 from ..cases import Case
 from ..engine import repro_command
-from ..specs import SPECS
+from ..ops import SPECS
 from .sweep import Task, columns_of
 
 SCHEMA = "kernel-oracle/drift/2"  # 2: per-element and distribution metrics, gradient layouts

@@ -25,7 +25,7 @@ import torch
 from .. import aliasing
 from ..cases import Case
 from ..engine import repro_command
-from ..specs import SPECS
+from ..ops import SPECS
 from ..watchdog import time_limit_s
 
 

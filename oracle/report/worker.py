@@ -22,7 +22,7 @@ import torch
 from ..cases import Case
 from ..engine import run_case
 from ..impls import load
-from ..specs import SPECS
+from ..ops import SPECS
 
 
 def _device() -> torch.device:

@@ -1,0 +1,188 @@
+"""What gated element-wise MLP ops (SwiGLU, GeGLU, ...) share on the harness's side: drawing their
+cases, making their arguments, the report's grid, bad inputs, and HF's maths for the raw kernels'
+contract (a new h; or h, df, de written into DW, e, g). An op module builds its specs from these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from hypothesis import strategies as st
+
+from .. import cases as C
+from ..cases import FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering, grad_layouts, layouts, seeds
+from ..specs import DTYPES, ErrorInput, fill, generator
+
+
+def lora_backward(forward: Callable, DW, e, g, compute=None):
+    """(h, df, de) by HF's autograd of ``h = forward(e, g)`` for the incoming gradient DW: what a raw
+    LoRA-MLP backward kernel must produce (df: g's gradient, de: e's)."""
+    e_leaf, g_leaf = e.detach().requires_grad_(), g.detach().requires_grad_()
+    with torch.enable_grad():
+        h = forward(e_leaf, g_leaf, compute=compute)
+        de, df = torch.autograd.grad(h, (e_leaf, g_leaf), DW)
+    return h.detach(), df, de
+
+
+def raw_forward(reference: Callable) -> Callable:
+    """HF's maths as a raw forward kernel: a new h, outside autograd."""
+    return lambda e, g: reference(e, g).detach()
+
+
+def raw_backward_into_buffers(reference: Callable) -> Callable:
+    """HF's maths as a raw backward kernel: h, df, de computed, then written into DW, e, g."""
+    def backward(DW, e, g):
+        h, df, de = reference(DW, e, g)
+        with torch.no_grad():
+            DW.copy_(h)
+            e.copy_(df)
+            g.copy_(de)
+        return DW, e, g
+
+    return backward
+
+
+@st.composite
+def elementwise_cases(draw, budget: Budget, op: str, autograd: bool, dtypes=FLOAT_DTYPES) -> Case:
+    """Element-wise cases, 2-D or 3-D, element counts around the 1024-element block. Raw kernels
+    (``autograd`` False) are flat by contract and have no backward of their own: contiguous only."""
+    limit = min(budget.elements, budget.programs * 1024)
+    total = min(limit, draw(st.one_of(st.sampled_from((1, 3, 1023, 1024, 1025, 4097)), st.integers(1, limit))))
+    rank = draw(st.sampled_from((2, 3)))
+    cols = draw(st.integers(1, total))
+    rows = max(1, total // cols)
+    shape = [rows, cols] if rank == 2 else [max(1, rows // 2), min(rows, 2), cols]
+    raw = not autograd
+    return Case(
+        op=op, variant="default", dtype=draw(st.sampled_from(dtypes)), dims={"shape": shape},
+        layout="contiguous" if raw else draw(layouts()),
+        values=draw(st.sampled_from(("normal", "large", "tiny", "outliers", "nonfinite"))), params={},
+        seed=draw(seeds()), grad_layout="contiguous" if raw else draw(grad_layouts()),
+    )
+
+
+def elementwise_stratified(op: str, autograd: bool) -> Callable[[str, Budget], list[Case]]:
+    """Every kind of values (and, for an autograd op, every layout and gradient layout); every other
+    case past four 1024-element blocks with a partial last block."""
+    def stratified(dtype: str, budget: Budget) -> list[Case]:
+        raw = not autograd
+        rows = covering(("contiguous",) if raw else LAYOUTS, ("contiguous",) if raw else GRAD_LAYOUTS,
+                        ("normal", "large", "tiny", "outliers", "nonfinite"))
+        return [Case(op, "default", dtype, {"shape": [5, 1001] if i % 2 else [3, 257]}, layout, values, {},
+                     seed=1000 + i, grad_layout=grad_layout)
+                for i, (layout, grad_layout, values) in enumerate(rows)]
+
+    return stratified
+
+
+def elementwise_args(names: tuple[str, ...]) -> Callable[[Case, torch.device], dict]:
+    def make(case: Case, device) -> dict:
+        dtype = DTYPES[case.dtype]
+        shape = tuple(case.dims["shape"])
+        # DW is an incoming gradient: plain normal values whatever the case's kind.
+        return {name: fill(shape, dtype, "normal" if name == "DW" else case.values, generator(case, name), device)
+                for name in names}
+
+    return make
+
+
+def elementwise_sweep(op: str, autograd: bool) -> Callable[[bool], list[Case]]:
+    """The report's grid; an autograd op also transposed, with strided gradients."""
+    def sweep(full: bool) -> list[Case]:
+        shapes = [[1, 1], [3, 1000], [2, 3, 1025], [64, 4097]] if not full else \
+            [[1, 1], [3, 1000], [2, 3, 1025], [1024, 4097], [16, 256, 1024], [4096, 14336]]
+        out = []
+        for dtype in C.FLOAT_DTYPES:
+            for shape in shapes:
+                layout = "transposed" if (autograd and len(shape) == 2 and shape[0] > 1) else "contiguous"
+                grad_layout = "strided" if layout == "transposed" else "contiguous"
+                out.append(Case(op, "default", dtype, {"shape": shape}, layout, "normal", {}, seed=len(out),
+                                grad_layout=grad_layout))
+            out.append(Case(op, "default", dtype, {"shape": [4, 999]}, "contiguous", "large", {}, seed=len(out)))
+        return out
+
+    return sweep
+
+
+def elementwise_errors(names: tuple[str, ...], raw: bool) -> Callable[[], list[ErrorInput]]:
+    """The error inputs of the autograd op (raw=False) and of the raw kernels, whose arguments are
+    ``names``: ("e", "g"), or ("DW", "e", "g") for the backward, which writes into all three."""
+    writes_inputs = "DW" in names
+
+    def errors() -> list[ErrorInput]:
+        def args(d, shapes=None, dtypes=None, transposed=(), **given):
+            gen = torch.Generator().manual_seed(0)
+            shapes = {n: (3, 4) for n in names} | (shapes or {})
+            dtypes = dtypes or {}
+            out = {}
+            for n in names:
+                t = torch.randn(shapes[n], generator=gen).to(device=d, dtype=dtypes.get(n, torch.float32))
+                out[n] = t.t().contiguous().t() if n in transposed else t
+            return out | given
+
+        def views_of_one_buffer(d, rows_apart: int):
+            """Each argument a block of 3 rows of one buffer, starting ``rows_apart`` rows after the previous."""
+            buffer = torch.randn(3 + rows_apart * (len(names) - 1), 4, device=d)
+            return {n: buffer[i * rows_apart: i * rows_apart + 3] for i, n in enumerate(names)}
+
+        def same_tensor(first: str, second: str):
+            return lambda d: (lambda a: a | {second: a[first]})(args(d))
+
+        def values(d, *rows):
+            return args(d, **{n: torch.tensor(rows, device=d) for n in names})
+
+        out = [
+            ErrorInput("shapes differ", lambda d: args(d, shapes={"g": (3, 5)}), ValueError, "shapes must match"),
+            ErrorInput("g broadcastable but not e's shape", lambda d: args(d, shapes={"g": (4,)}), ValueError,
+                       "shapes must match"),
+            ErrorInput("dtypes differ", lambda d: args(d, dtypes={"g": torch.float16}), TypeError, "dtypes must match"),
+            ErrorInput("integer e", lambda d: args(d, dtypes={"e": torch.int32}), TypeError, "e must be"),
+            ErrorInput("bool g", lambda d: args(d, dtypes={"g": torch.bool}), TypeError, "g must be"),
+            ErrorInput("complex e", lambda d: args(d, dtypes={"e": torch.complex64}), TypeError, "e must be"),
+            ErrorInput("e a list", lambda d: args(d, e=[[1.0] * 4] * 3), TypeError, r"e must be a torch\.Tensor"),
+            ErrorInput("g None", lambda d: args(d, g=None), TypeError, r"g must be a torch\.Tensor"),
+            ErrorInput("g on another device", lambda d: args(d, g=torch.randn(3, 4, device="meta")), ValueError,
+                       "one device"),
+            ErrorInput("every tensor on meta", lambda d: args("meta"), ValueError, "kernels run on"),
+            ErrorInput.same_as_hf("zero elements", lambda d: args(d, shapes={n: (0, 5) for n in names})),
+            ErrorInput.same_as_hf("0-d tensors", lambda d: args(d, shapes={n: () for n in names})),
+            ErrorInput.same_as_hf("float64", lambda d: args(d, dtypes={n: torch.float64 for n in names})),
+            ErrorInput.same_as_hf("NaN, inf and huge values", lambda d: values(d, [math.nan, math.inf, -math.inf, 1e30],
+                                                                               [-1e30, 100.0, -100.0, 0.0])),
+            ErrorInput.same_as_hf("fp16 products overflowing to inf",
+                                  lambda d: args(d, dtypes={n: torch.float16 for n in names},
+                                                 **{n: torch.full((3, 4), 300.0, dtype=torch.float16, device=d)
+                                                    for n in names})),
+            ErrorInput.same_as_hf("disjoint views of one buffer", lambda d: views_of_one_buffer(d, rows_apart=3)),
+        ]
+        if raw:
+            out += [
+                ErrorInput("non-contiguous e", lambda d: args(d, transposed=("e",)), ValueError, "contiguous"),
+                ErrorInput("expanded e", lambda d: args(d, e=torch.randn(1, 4, device=d).expand(3, 4)), ValueError,
+                           "contiguous"),
+            ]
+        else:
+            out += [
+                ErrorInput.same_as_hf("column-major e", lambda d: args(d, transposed=("e",))),
+                ErrorInput.same_as_hf("expanded e", lambda d: args(d, e=torch.randn(1, 4, device=d).expand(3, 4))),
+                ErrorInput.same_as_hf("e and g requiring grad",
+                                      lambda d: {n: t.requires_grad_() for n, t in args(d).items()}),
+            ]
+        if writes_inputs:
+            out += [
+                ErrorInput("DW is e", same_tensor("DW", "e"), ValueError, "DW and e share memory"),
+                ErrorInput("DW is g", same_tensor("DW", "g"), ValueError, "DW and g share memory"),
+                ErrorInput("e is g", same_tensor("e", "g"), ValueError, "e and g share memory"),
+                ErrorInput("e, g and DW overlapping views of one buffer",
+                           lambda d: views_of_one_buffer(d, rows_apart=1), ValueError, "share memory"),
+                ErrorInput("DW is e through DLPack",
+                           lambda d: (lambda a: a | {"DW": torch.from_dlpack(a["e"])})(args(d)), ValueError,
+                           "DW and e share memory"),
+            ]
+        else:
+            out.append(ErrorInput.same_as_hf("e is g", same_tensor("e", "g")))  # read only: sharing is harmless
+        return out
+
+    return errors
