@@ -45,7 +45,8 @@ def raw_backward_into_buffers(reference: Callable) -> Callable:
 
 
 @st.composite
-def elementwise_cases(draw, budget: Budget, op: str, autograd: bool, dtypes=FLOAT_DTYPES) -> Case:
+def elementwise_cases(draw, budget: Budget, op: str, autograd: bool, dtypes=FLOAT_DTYPES,
+                      variants: tuple[str, ...] = ("default",)) -> Case:
     """Element-wise cases, 2-D or 3-D, element counts around the 1024-element block. Raw kernels
     (``autograd`` False) are flat by contract and have no backward of their own: contiguous only."""
     limit = min(budget.elements, budget.programs * 1024)
@@ -56,51 +57,60 @@ def elementwise_cases(draw, budget: Budget, op: str, autograd: bool, dtypes=FLOA
     shape = [rows, cols] if rank == 2 else [max(1, rows // 2), min(rows, 2), cols]
     raw = not autograd
     return Case(
-        op=op, variant="default", dtype=draw(st.sampled_from(dtypes)), dims={"shape": shape},
+        op=op, variant=draw(st.sampled_from(variants)), dtype=draw(st.sampled_from(dtypes)), dims={"shape": shape},
         layout="contiguous" if raw else draw(layouts()),
         values=draw(st.sampled_from(("normal", "large", "tiny", "outliers", "nonfinite"))), params={},
         seed=draw(seeds()), grad_layout="contiguous" if raw else draw(grad_layouts()),
     )
 
 
-def elementwise_stratified(op: str, autograd: bool) -> Callable[[str, Budget], list[Case]]:
-    """Every kind of values (and, for an autograd op, every layout and gradient layout); every other
-    case past four 1024-element blocks with a partial last block."""
+def elementwise_stratified(op: str, autograd: bool,
+                           variants: tuple[str, ...] = ("default",)) -> Callable[[str, Budget], list[Case]]:
+    """Every variant, kind of values (and, for an autograd op, every layout and gradient layout);
+    every other case past four 1024-element blocks with a partial last block."""
+    # variants cycle as (a, b, b, a) so that each is drawn both short and long
+    cycle = tuple(variants[i % len(variants)] for i in (0, 1, 1, 0)) if len(variants) > 1 else variants
+
     def stratified(dtype: str, budget: Budget) -> list[Case]:
         raw = not autograd
-        rows = covering(("contiguous",) if raw else LAYOUTS, ("contiguous",) if raw else GRAD_LAYOUTS,
+        rows = covering(cycle, ("contiguous",) if raw else LAYOUTS, ("contiguous",) if raw else GRAD_LAYOUTS,
                         ("normal", "large", "tiny", "outliers", "nonfinite"))
-        return [Case(op, "default", dtype, {"shape": [5, 1001] if i % 2 else [3, 257]}, layout, values, {},
+        return [Case(op, variant, dtype, {"shape": [5, 1001] if i % 2 else [3, 257]}, layout, values, {},
                      seed=1000 + i, grad_layout=grad_layout)
-                for i, (layout, grad_layout, values) in enumerate(rows)]
+                for i, (variant, layout, grad_layout, values) in enumerate(rows)]
 
     return stratified
 
 
-def elementwise_args(names: tuple[str, ...]) -> Callable[[Case, torch.device], dict]:
+def elementwise_args(names: tuple[str, ...],
+                     options: Callable[[Case], dict] = lambda case: {}) -> Callable[[Case, torch.device], dict]:
+    """The tensors ``names`` in the case's kind of values, and the op's other arguments ``options(case)``
+    (GeGLU's approximation, from the variant)."""
     def make(case: Case, device) -> dict:
         dtype = DTYPES[case.dtype]
         shape = tuple(case.dims["shape"])
         # DW is an incoming gradient: plain normal values whatever the case's kind.
         return {name: fill(shape, dtype, "normal" if name == "DW" else case.values, generator(case, name), device)
-                for name in names}
+                for name in names} | options(case)
 
     return make
 
 
-def elementwise_sweep(op: str, autograd: bool) -> Callable[[bool], list[Case]]:
-    """The report's grid; an autograd op also transposed, with strided gradients."""
+def elementwise_sweep(op: str, autograd: bool,
+                      variants: tuple[str, ...] = ("default",)) -> Callable[[bool], list[Case]]:
+    """The report's grid, per variant; an autograd op also transposed, with strided gradients."""
     def sweep(full: bool) -> list[Case]:
         shapes = [[1, 1], [3, 1000], [2, 3, 1025], [64, 4097]] if not full else \
             [[1, 1], [3, 1000], [2, 3, 1025], [1024, 4097], [16, 256, 1024], [4096, 14336]]
         out = []
-        for dtype in C.FLOAT_DTYPES:
-            for shape in shapes:
-                layout = "transposed" if (autograd and len(shape) == 2 and shape[0] > 1) else "contiguous"
-                grad_layout = "strided" if layout == "transposed" else "contiguous"
-                out.append(Case(op, "default", dtype, {"shape": shape}, layout, "normal", {}, seed=len(out),
-                                grad_layout=grad_layout))
-            out.append(Case(op, "default", dtype, {"shape": [4, 999]}, "contiguous", "large", {}, seed=len(out)))
+        for variant in variants:
+            for dtype in C.FLOAT_DTYPES:
+                for shape in shapes:
+                    layout = "transposed" if (autograd and len(shape) == 2 and shape[0] > 1) else "contiguous"
+                    grad_layout = "strided" if layout == "transposed" else "contiguous"
+                    out.append(Case(op, variant, dtype, {"shape": shape}, layout, "normal", {}, seed=len(out),
+                                    grad_layout=grad_layout))
+                out.append(Case(op, variant, dtype, {"shape": [4, 999]}, "contiguous", "large", {}, seed=len(out)))
         return out
 
     return sweep
