@@ -275,3 +275,16 @@ def test_another_summation_order_passes_in_fp32_and_a_16_bit_sum_fails():
     v = judge("Y", _gemma_norm_summed_in_order(xb, wb, 1e-6, torch.bfloat16), hb, tb,
               element_noise=noise_b, order_noise=order_b)
     assert not v.passed and "typical error" in v.reason
+
+
+def test_an_infinity_where_hf_has_nan_but_the_truth_an_infinity_passes():
+    """torch's float32 CPU gelu(+inf) is NaN (its vectorised erf), the float64 truth +inf: a kernel
+    returning +inf is right, one returning NaN is HF's answer; a finite value or -inf is neither."""
+    t = torch.tensor([math.inf, 1.0], dtype=torch.float64)
+    h = torch.tensor([math.nan, 1.0])
+    for k, ok in ((torch.tensor([math.inf, 1.0]), True), (torch.tensor([math.nan, 1.0]), True),
+                  (torch.tensor([-math.inf, 1.0]), False), (torch.tensor([3.0e38, 1.0]), False)):
+        assert judge("h", k, h, t).passed == ok, k
+    # where HF and the truth agree on NaN, an infinity is still a mismatch
+    nan64 = torch.tensor([math.nan], dtype=torch.float64)
+    assert not judge("h", torch.tensor([math.inf]), torch.tensor([math.nan]), nan64).passed
