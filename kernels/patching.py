@@ -8,8 +8,10 @@
   (module-wide: every model of that architecture uses it until the last patched model is
   unpatched). HF passes cos/sin already gathered per token, (batch, seq, head_dim); they become a
   table of batch * seq rows that the kernel indexes with the token's own row;
-- the forward of every gated MLP whose activation is SiLU with ``kernels.swiglu`` (a GeLU-gated
-  MLP, as Gemma's, is a different op and stays as it is).
+- the forward of every gated MLP (gate_proj, up_proj, down_proj, act_fn) whose activation a kernel
+  module claims through its ``MLP_PATCH`` (see _mlp_patch): SiLU with ``kernels.swiglu``, Gemma's
+  GeLU (tanh or erf) with ``kernels.geglu``. A gated MLP that no kernel claims stays as it is and
+  is listed in ``report.left_alone``.
 
 It raises ``ValueError`` naming what it cannot patch (an RMSNorm class it does not know, a model
 without RMSNorm or without ``apply_rotary_pos_emb``) before changing anything.
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import pkgutil
 import sys
 import types
 from dataclasses import dataclass, field
@@ -27,9 +31,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ._mlp_patch import GatedMLPPatch, is_gated_mlp
 from .rms_norm import rms_norm
 from .rope import rope
-from .swiglu import swiglu
 
 # RMSNorm classes by name: (attribute holding eps, Gemma's (1 + W) scale?)
 RMS_NORMS = {
@@ -37,7 +41,6 @@ RMS_NORMS = {
     "Qwen2RMSNorm": ("variance_epsilon", False), "Qwen3RMSNorm": ("variance_epsilon", False),
     "GemmaRMSNorm": ("eps", True), "Gemma2RMSNorm": ("eps", True), "Gemma3RMSNorm": ("eps", True),
 }
-SILU_ACTIVATIONS = ("SiLU", "SiLUActivation")
 _ROPE_ORIGINALS: dict[str, object] = {}  # modeling module -> its own apply_rotary_pos_emb
 _ROPE_USERS: dict[str, int] = {}  # modeling module -> how many patched models use ours
 
@@ -46,7 +49,7 @@ _ROPE_USERS: dict[str, int] = {}  # modeling module -> how many patched models u
 class PatchReport:
     rms_norms: list[str] = field(default_factory=list)
     rotary_modules: list[str] = field(default_factory=list)
-    swiglu_mlps: list[str] = field(default_factory=list)
+    gated_mlps: dict[str, str] = field(default_factory=dict)  # module -> the op replacing act_fn(gate) * up
     left_alone: list[str] = field(default_factory=list)  # what was deliberately not patched, and why
 
 
@@ -55,8 +58,22 @@ def _rms_norm_forward(module, hidden_states):
     return rms_norm(hidden_states, module.weight, getattr(module, eps_attr), gemma, **module._kernels_rms_options)
 
 
-def _swiglu_mlp_forward(module, x):
-    return module.down_proj(swiglu(module.gate_proj(x), module.up_proj(x)))
+@functools.cache
+def mlp_patches() -> tuple[GatedMLPPatch, ...]:
+    """Every kernel module's ``MLP_PATCH``, in module-name order: each kernel declares the MLPs it replaces."""
+    package = sys.modules[__package__]
+    names = sorted(info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_"))
+    modules = (importlib.import_module(f"{__package__}.{name}") for name in names)
+    return tuple(module.MLP_PATCH for module in modules if hasattr(module, "MLP_PATCH"))
+
+
+def _claim(act_fn: nn.Module) -> tuple[GatedMLPPatch, dict] | None:
+    """The first kernel that recognises act_fn, with the options it reads from it."""
+    for patch in mlp_patches():
+        options = patch.options_for(act_fn)
+        if options is not None:
+            return patch, options
+    return None
 
 
 @functools.lru_cache(maxsize=64)
@@ -90,8 +107,9 @@ def _modeling_module(model: nn.Module) -> tuple[str, types.ModuleType] | None:
     return None
 
 
-def _plan(model: nn.Module) -> tuple[PatchReport, list[str]]:
-    report, problems = PatchReport(), []
+def _plan(model: nn.Module) -> tuple[PatchReport, list[str], dict]:
+    """What patch_model would do: the report, what it cannot patch, and each claimed MLP's new forward."""
+    report, problems, mlp_forwards = PatchReport(), [], {}
     norms = [(name, m) for name, m in model.named_modules() if type(m).__name__.endswith("RMSNorm")]
     unknown = sorted({type(m).__name__ for _, m in norms if type(m).__name__ not in RMS_NORMS})
     if unknown:
@@ -106,12 +124,18 @@ def _plan(model: nn.Module) -> tuple[PatchReport, list[str]]:
     else:
         report.rotary_modules = [located[0]]
     for name, m in model.named_modules():
-        if all(hasattr(m, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            if type(m.act_fn).__name__ in SILU_ACTIVATIONS:
-                report.swiglu_mlps.append(name)
-            else:
-                report.left_alone.append(f"{name}: gated MLP with {type(m.act_fn).__name__}, not SiLU")
-    return report, problems
+        if not is_gated_mlp(m):
+            continue
+        claim = _claim(m.act_fn)
+        if claim is None:
+            known = ", ".join(patch.name for patch in mlp_patches())
+            report.left_alone.append(f"{name}: gated MLP with {type(m.act_fn).__name__}, which no kernel "
+                                     f"replaces (MLP kernels: {known})")
+        else:
+            patch, options = claim
+            report.gated_mlps[name] = patch.label(options)
+            mlp_forwards[name] = patch.forward(options)
+    return report, problems, mlp_forwards
 
 
 def patch_model(model: nn.Module, *, write_dx_into_dy: bool = False) -> PatchReport:
@@ -122,7 +146,7 @@ def patch_model(model: nn.Module, *, write_dx_into_dy: bool = False) -> PatchRep
     """
     if getattr(model, "_kernels_patch", None) is not None:
         raise ValueError("this model is already patched; unpatch_model(model) first")
-    report, problems = _plan(model)
+    report, problems, mlp_forwards = _plan(model)
     if problems:
         raise ValueError(f"cannot patch {type(model).__name__}: " + "; ".join(problems))
     modules = dict(model.named_modules())
@@ -130,8 +154,8 @@ def patch_model(model: nn.Module, *, write_dx_into_dy: bool = False) -> PatchRep
         module = modules[name]
         module._kernels_rms_options = {"write_dx_into_dy": write_dx_into_dy}
         module.forward = types.MethodType(_rms_norm_forward, module)
-    for name in report.swiglu_mlps:
-        modules[name].forward = types.MethodType(_swiglu_mlp_forward, modules[name])
+    for name, forward in mlp_forwards.items():
+        modules[name].forward = types.MethodType(forward, modules[name])
     for module_name in report.rotary_modules:
         modeling = sys.modules[module_name]
         if _ROPE_USERS.get(module_name, 0) == 0:
@@ -148,7 +172,7 @@ def unpatch_model(model: nn.Module) -> None:
     if report is None:
         raise ValueError("this model is not patched")
     modules = dict(model.named_modules())
-    for name in report.rms_norms + report.swiglu_mlps:
+    for name in report.rms_norms + list(report.gated_mlps):
         modules[name].__dict__.pop("forward", None)
         modules[name].__dict__.pop("_kernels_rms_options", None)
     for module_name in report.rotary_modules:

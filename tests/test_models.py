@@ -34,10 +34,10 @@ ARCHS = {
 }
 
 
-def tiny_model(arch: str, dtype: torch.dtype, device) -> torch.nn.Module:
+def tiny_model(arch: str, dtype: torch.dtype, device, **config) -> torch.nn.Module:
     cls, config_cls, extra = ARCHS[arch]
     torch.manual_seed(0)
-    model = cls(config_cls(**SIZE, **extra, attn_implementation="eager"))
+    model = cls(config_cls(**SIZE, **(extra | config), attn_implementation="eager"))
     with torch.no_grad():  # Gemma initialises its norm weights to 0: make them differ from (1 + 0)
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -79,8 +79,8 @@ def failures(k: dict, h: dict, t: dict) -> list[str]:
     return out
 
 
-def three_runs(arch: str, dtype: torch.dtype, inputs: dict, device, **patch_options):
-    base = tiny_model(arch, dtype, device)
+def three_runs(arch: str, dtype: torch.dtype, inputs: dict, device, config: dict | None = None, **patch_options):
+    base = tiny_model(arch, dtype, device, **(config or {}))
     h = forward_backward(base, inputs)
     t = forward_backward(copy.deepcopy(base).double(), inputs)
     mine = copy.deepcopy(base)
@@ -154,11 +154,12 @@ def test_unpatch_restores_hf_exactly(device):
         unpatch_model(model)
 
 
-def test_gemma_gelu_mlp_is_left_alone(device):
-    model = tiny_model("gemma3", torch.float32, device)
+def test_gated_mlp_that_no_kernel_claims_is_left_alone(device):
+    model = tiny_model("gemma3", torch.float32, device, hidden_activation="gelu_new")  # another tanh formula
     with patched(model) as report:
-        assert report.swiglu_mlps == []
-        assert report.left_alone and all("not SiLU" in line for line in report.left_alone)
+        assert report.gated_mlps == {}
+        assert len(report.left_alone) == SIZE["num_hidden_layers"]
+        assert all("NewGELUActivation, which no kernel replaces" in line for line in report.left_alone)
 
 
 def test_unsupported_architecture_names_what_cannot_be_patched(device):
