@@ -1,4 +1,4 @@
-"""Hand-written Triton kernels for RMSNorm, RoPE and SwiGLU.
+"""Hand-written Triton kernels for RMSNorm, RoPE, SwiGLU and GeGLU.
 
 This package is an implementation under test in the sense of docs/design.md §2: the harness finds the
 ops below by name and the arguments each may overwrite in ``CLOBBERS``. On a machine without a
@@ -6,12 +6,21 @@ GPU the kernels run through Triton's interpreter, with its bf16 casts corrected 
 """
 
 from . import _runtime  # noqa: F401  (picks GPU or interpreter before any kernel is decorated)
+from .geglu import (
+    geglu, geglu_approx_backward_kernel, geglu_approx_forward_kernel, geglu_exact_backward_kernel,
+    geglu_exact_forward_kernel,
+)
 from .rms_norm import rms_norm
 from .rope import rope
 from .swiglu import swiglu, swiglu_DWf_DW_dfg_kernel, swiglu_fg_kernel
 
 # Arguments each op may overwrite, by parameter name. Everything else must be bit-for-bit intact.
 CLOBBERS: dict[str, set[str]] = {
+    "geglu": set(),
+    "geglu_approx_forward_kernel": set(),
+    "geglu_exact_forward_kernel": set(),
+    "geglu_approx_backward_kernel": {"DW", "e", "g"},  # receive h, df and de
+    "geglu_exact_backward_kernel": {"DW", "e", "g"},
     "rms_norm": set(),
     "rope": {"Q", "K"},  # rotated in place (autograd is told through mark_dirty)
     "swiglu": set(),
@@ -19,4 +28,7 @@ CLOBBERS: dict[str, set[str]] = {
     "swiglu_DWf_DW_dfg_kernel": {"DW", "e", "g"},  # receive h, df and de
 }
 
-__all__ = ["CLOBBERS", "rms_norm", "rope", "swiglu", "swiglu_DWf_DW_dfg_kernel", "swiglu_fg_kernel"]
+__all__ = [
+    "CLOBBERS", "geglu", "geglu_approx_backward_kernel", "geglu_approx_forward_kernel", "geglu_exact_backward_kernel",
+    "geglu_exact_forward_kernel", "rms_norm", "rope", "swiglu", "swiglu_DWf_DW_dfg_kernel", "swiglu_fg_kernel",
+]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernels import _runtime
+from kernels.geglu import GEGLU
 from kernels.patching import apply_rotary_pos_emb, patch_model, patched, unpatch_model
 from oracle.compare import judge
 from oracle.ops.rope import packed_positions
@@ -152,6 +153,43 @@ def test_unpatch_restores_hf_exactly(device):
     assert torch.equal(model(**inputs).logits, before)
     with pytest.raises(ValueError, match="not patched"):
         unpatch_model(model)
+
+
+def gated_mlp_ops(model, inputs) -> list:
+    """The GatedKernels that produced each down_proj input in one forward (None for a tensor from
+    HF's own act_fn(gate) * up)."""
+    seen = []
+
+    def record(module, args):
+        seen.append(getattr(args[0].grad_fn, "kernels", None))
+
+    hooks = [m.down_proj.register_forward_pre_hook(record) for m in model.modules() if hasattr(m, "down_proj")]
+    try:
+        model(**inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+@pytest.mark.parametrize("activation, approximate", [("gelu_pytorch_tanh", "tanh"), ("gelu", "none")])
+def test_gemma_is_fully_patched_and_matches(activation, approximate, device):
+    """Norms, RoPE and the GeLU-gated MLP all run the kernels (the MLP through kernels.geglu with the
+    config's approximation), and the model still matches HF."""
+    inputs = batch("packed", device)
+    model = tiny_model("gemma3", torch.float32, device, hidden_activation=activation)
+    layers = SIZE["num_hidden_layers"]
+    with patched(model) as report:
+        assert len(report.rms_norms) == 6 * layers + 1  # 4 per block, q/k norms, final
+        assert report.rotary_modules == ["transformers.models.gemma3.modeling_gemma3"]
+        assert report.gated_mlps == {f"model.layers.{i}.mlp": f"geglu(approximate={approximate!r})"
+                                     for i in range(layers)}
+        assert report.left_alone == []
+        ops = gated_mlp_ops(model, inputs)
+        assert len(ops) == layers and all(op is GEGLU[approximate] for op in ops)
+    assert gated_mlp_ops(model, inputs) == [None] * layers  # unpatched: HF's own MLP again
+    k, h, t = three_runs("gemma3", torch.float32, inputs, device, {"hidden_activation": activation})
+    assert failures(k, h, t) == []
 
 
 def test_gated_mlp_that_no_kernel_claims_is_left_alone(device):
