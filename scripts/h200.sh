@@ -58,6 +58,9 @@ for step in "$@"; do
         --html "$OUT/drift-liger-h200.html" 2>&1 | tee "$OUT/report-liger-h200.log" | tail -30;;
     bench)
       timeout 560 python3 -m oracle.bench --json "$OUT/bench-h200.json" 2>&1 | tee "$OUT/bench-h200.log" | tail -45;;
+    bench-quick)  # bf16 only, no column sweep
+      timeout ${BENCH_TIMEOUT:-300} python3 -m oracle.bench --quick --json "$OUT/bench-quick-h200.json" 2>&1 \
+        | tee "$OUT/bench-quick-h200.log" | tail -45;;
     pinned)  # the cases the thorough H200 run found (now pinned in specs.py), on the GPU again
       for c in '{"dims":{"cols":1,"lead":[1]},"dtype":"bfloat16","layout":"contiguous","op":"rms_norm","params":{"eps":1e-12,"weight":"same"},"seed":1,"values":"normal","variant":"llama"}' \
                '{"dims":{"cols":2,"lead":[1]},"dtype":"float32","layout":"contiguous","op":"rms_norm","params":{"eps":1e-06,"weight":"same"},"seed":0,"values":"normal","variant":"llama"}'; do

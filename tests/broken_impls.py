@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import kernels  # before triton: it picks the interpreter on a machine without a GPU
 import triton
 import triton.language as tl
+from oracle.ops import SPECS
 from oracle.ops import rms_norm as norm_ops, rope as rope_ops, swiglu as swiglu_ops
 
 # --- the differential verdict ----------------------------------------------------------------------
@@ -88,9 +89,7 @@ only_swiglu = SimpleNamespace(swiglu=kernels.swiglu)
 misnamed_rms_norm = SimpleNamespace(rmsnorm=kernels.rms_norm, rope=kernels.rope)
 
 # A partial implementation that says what it lacks, and why.
-declares_what_it_lacks = SimpleNamespace(
-    rope=kernels.rope, LACKING={op: "not written yet" for op in
-                                ("rms_norm", "swiglu", "swiglu_fg_kernel", "swiglu_DWf_DW_dfg_kernel")})
+declares_what_it_lacks = SimpleNamespace(rope=kernels.rope, LACKING={op: "not written yet" for op in SPECS if op != "rope"})
 
 
 class _RmsNormFailingInFloat64(torch.autograd.Function):
@@ -696,6 +695,33 @@ class Bug:
     borderline: tuple[str, ...] = ()
 
 
+# --- GeGLU ----------------------------------------------------------------------------------------
+
+
+def _geglu_other_approximation(e, g, approximate="tanh"):
+    """The exact erf GeLU where the model asked for the tanh one, and the reverse (a config's
+    hidden_activation read wrong)."""
+    return F.gelu(e, approximate="none" if approximate == "tanh" else "tanh") * g
+
+
+geglu_wrong_approximation = SimpleNamespace(geglu=_geglu_other_approximation)
+
+
+def _geglu_in_input_dtype(e, g, approximate="tanh"):
+    """GeLU's formula evaluated in the input dtype, every step rounded: no fp32 upcast (in float32,
+    the input dtype is the compute dtype: HF's own GeLU)."""
+    if e.dtype in (torch.float32, torch.float64):
+        return F.gelu(e, approximate=approximate) * g
+    if approximate == "tanh":
+        f = 0.5 * e * (1 + torch.tanh(math.sqrt(2 / math.pi) * (e + 0.044715 * e * e * e)))
+    else:
+        f = 0.5 * e * (1 + torch.erf(e / math.sqrt(2)))
+    return f * g
+
+
+geglu_no_upcast = SimpleNamespace(geglu=_geglu_in_input_dtype)
+
+
 _EVERY_DTYPE = ("float32", "float16", "bfloat16")
 _LOW_PRECISION = ("float16", "bfloat16")
 
@@ -753,6 +779,9 @@ CATALOGUE: tuple[Bug, ...] = (
         "raw backward computes sigmoid(e) and de's chain in the input dtype"),
     Bug("swiglu_backward_swapped", "swiglu_DWf_DW_dfg_kernel", _EVERY_DTYPE,
         "raw backward stores de in e's buffer and df in g's: the two gradients swapped"),
+    Bug("geglu_wrong_approximation", "geglu", _EVERY_DTYPE,
+        "the exact erf GeLU where the tanh one was asked, and the reverse (hidden_activation read wrong)"),
+    Bug("geglu_no_upcast", "geglu", _LOW_PRECISION, "GeLU's formula evaluated in the input dtype, no fp32 upcast"),
 )
 
 
