@@ -15,7 +15,6 @@ from kernels.patching import apply_rotary_pos_emb, patch_model, patched, unpatch
 from oracle.compare import judge
 from oracle.ops.rope import packed_positions
 
-import transformers  # a dependency: its absence is an error, never a skip
 from transformers import (
     Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config,
     Qwen3ForCausalLM,
