@@ -237,11 +237,18 @@ def require_positions_in_table(position_ids: torch.Tensor, max_pos: int) -> None
 
     Checked on every call, with one fused min/max and one host read: a verdict remembered between
     calls could be bypassed by writes that no version counter sees (through ``.data``, numpy,
-    DLPack or another kernel). oracle.bench --position-check measures the cost.
+    DLPack or another kernel). oracle.bench --position-check measures the cost. Inside CUDA-graph
+    capture, where no host read is possible, the check is a device-side assertion.
     """
     if position_ids.numel() == 0:
         return
-    low, high = torch.stack(torch.aminmax(position_ids)).tolist()
+    low, high = torch.aminmax(position_ids)
+    if position_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+        # A CUDA graph cannot read to the host: the graph asserts on the device instead, on every
+        # replay (an out-of-range position stops it with a device-side assert, never a wrong result).
+        torch._assert_async((low >= 0) & (high < max_pos), "position_ids outside the table's rows")
+        return
+    low, high = torch.stack((low, high)).tolist()
     if low < 0 or high >= max_pos:
         raise ValueError(f"position_ids span [{low}, {high}], outside the table's rows [0, {max_pos - 1}]")
 

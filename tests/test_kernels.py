@@ -12,7 +12,7 @@ import torch
 import kernels
 from kernels import _runtime
 from oracle import reference as R
-from oracle.ops import SPECS, swiglu as swiglu_ops
+from oracle.ops import SPECS, rope as rope_ops, swiglu as swiglu_ops
 from oracle.cases import Case
 from oracle.compare import judge
 from oracle.engine import run_case
@@ -177,3 +177,23 @@ def test_swiglu_offsets_beyond_2_31_elements(device):
     for name, got, hf, t in zip(("h", "df", "de"), (DW[tail], e[tail], g[tail]), expected, truth):
         verdict = judge(name, got, hf, t)
         assert verdict.passed, verdict
+
+
+@pytest.mark.skipif(_runtime.interpreted() or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_rope_with_positions_is_captured_in_a_cuda_graph(device):
+    """The per-call range check reads to the host, which graph capture forbids: under capture it is a
+    device-side assertion instead, and the replayed graph rotates exactly as an eager call does."""
+    gen = torch.Generator().manual_seed(0)
+    cos, sin = rope_ops.rotary_table(64, 16, device=device)
+    Q0, K0 = torch.randn(2, 4, 8, 16, generator=gen).to(device), torch.randn(2, 2, 8, 16, generator=gen).to(device)
+    positions = rope_ops.packed_positions(2, 8, gen).to(device)
+    expected = kernels.rope(Q0.clone(), K0.clone(), cos, sin, positions)
+    Q, K = Q0.clone(), K0.clone()
+    kernels.rope(Q, K, cos, sin, positions)  # compiled before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels.rope(Q, K, cos, sin, positions)
+    Q.copy_(Q0), K.copy_(K0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(Q, expected[0]) and torch.equal(K, expected[1])

@@ -96,7 +96,7 @@ def _geglu_noise(tensor: str, approximate: str | None, incoming: str = "h") -> C
     gradient (dh g rounded to d) f'(e): the slope's terms to a few u_c. ``approximate`` None: the
     case's own (the autograd op's variant, passed as an argument)."""
     def noise(args: dict, upstream: dict) -> torch.Tensor:
-        p = _GegluParts(args, upstream, incoming, approximate or args["approximate"])
+        p = _GegluParts(args, upstream, incoming, approximate or args.get("approximate", "tanh"))
         if tensor in ("h", "dg"):
             other = p.g if tensor == "h" else p.dh
             return other.abs() * (rounding_error(p.f.abs(), p.dtype) + 6 * p.u_c * p.f_terms)
