@@ -18,6 +18,8 @@ Built in:
   compile, so they are declared lacking).
 - ``liger``: Liger-Kernel's autograd ops behind the contract's signatures, when ``liger-kernel`` is
   installed (``pip install 'kernel-oracle[liger]'``). It declares no CLOBBERS: Liger documents none.
+- ``unsloth``, ``unsloth-inplace``: Unsloth's released kernels, called as Unsloth calls them
+  (oracle/adapters/unsloth.py); on a GPU, with ``unsloth`` and ``unsloth_zoo`` installed.
 
 All three are built from the registry (oracle/ops/): a new op is covered by them through its spec.
 """
@@ -129,7 +131,21 @@ def _kernels():
     return importlib.import_module("kernels")
 
 
-BUILTIN = {"kernels": _kernels, "hf": _hf, "compile": _compile, "liger": _liger}
+def _unsloth(inplace: bool):
+    """Unsloth's released kernels (oracle/adapters/unsloth.py); a GPU machine only."""
+    def build():
+        from .adapters import unsloth
+
+        try:
+            return unsloth.inplace_implementation() if inplace else unsloth.implementation()
+        except unsloth.Unavailable as exc:
+            raise ImplementationUnavailable(str(exc)) from exc
+
+    return build
+
+
+BUILTIN = {"kernels": _kernels, "hf": _hf, "compile": _compile, "liger": _liger,
+           "unsloth": _unsloth(inplace=False), "unsloth-inplace": _unsloth(inplace=True)}
 
 
 @functools.cache

@@ -4,6 +4,7 @@
 #   bash scripts/h200.sh info tests thorough liger-tests
 #   bash scripts/h200.sh report liger-report bench
 #   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
+#   bash scripts/h200.sh unsloth-tests unsloth-report   # .whl holds unsloth and unsloth_zoo 2026.10.9
 # With several GPUs, `monitor` logs each GPU's utilisation and memory every 2 s until the call ends.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -41,6 +42,14 @@ for step in "$@"; do
     liger-tests)
       CI=true timeout 300 python3 -m pytest -n 8 -q -p no:cacheprovider tests/test_ops.py --impl liger 2>&1 \
         | tee "$OUT/pytest-liger-h200.log" | tail -30;;
+    unsloth-tests)  # Unsloth's kernels (oracle/adapters/unsloth.py; carry its two wheels in .whl): the generic suite
+      CI=true timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -n auto -p no:cacheprovider tests/test_ops.py --impl unsloth \
+        2>&1 | tee "$OUT/pytest-unsloth-h200.log" | tail -30
+      CI=true timeout 200 python3 -m pytest -n auto -p no:cacheprovider tests/test_ops.py --impl unsloth-inplace \
+        2>&1 | tee "$OUT/pytest-unsloth-inplace-h200.log" | tail -15;;
+    unsloth-report)
+      timeout ${REPORT_TIMEOUT:-300} python3 -m oracle.report --impl unsloth --full --json "$OUT/drift-unsloth-h200.json" \
+        --html "$OUT/drift-unsloth-h200.html" 2>&1 | tee "$OUT/report-unsloth-h200.log" | tail -40;;
     profile)
       timeout 300 python3 scripts/gpu_profile.py 2>&1 | tee "$OUT/profile.log";;
     tune)
