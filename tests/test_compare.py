@@ -288,3 +288,17 @@ def test_an_infinity_where_hf_has_nan_but_the_truth_an_infinity_passes():
     # where HF and the truth agree on NaN, an infinity is still a mismatch
     nan64 = torch.tensor([math.nan], dtype=torch.float64)
     assert not judge("h", torch.tensor([math.inf]), torch.tensor([math.nan]), nan64).passed
+
+
+def test_an_infinity_that_is_the_truth_rounded_passes_where_hf_stayed_finite():
+    """Found on Unsloth's fp16 RMSNorm: an all-zero row with eps=1e-12 has dX = -65520.26 exactly,
+    past fp16's overflow threshold (65520), so the correctly rounded answer is -inf; HF's order of
+    roundings gives -65504. The kernel's -inf is right; an infinity of the other sign, or one where
+    the truth rounds to a finite value, is not."""
+    h = torch.tensor([-65504.0, 1.0], dtype=torch.float16)
+    t = torch.tensor([-65520.2568, 1.0], dtype=torch.float64)
+    for k, ok in ((torch.tensor([-math.inf, 1.0]), True), (torch.tensor([-65504.0, 1.0]), True),
+                  (torch.tensor([math.inf, 1.0]), False), (torch.tensor([math.nan, 1.0]), False)):
+        assert judge("dX", k.half(), h, t).passed == ok, k
+    below = torch.tensor([-65519.0, 1.0], dtype=torch.float64)  # rounds to -65504: an infinity is wrong
+    assert not judge("dX", torch.tensor([-math.inf, 1.0]).half(), h, below).passed
