@@ -105,3 +105,20 @@ def test_baseline_writes_are_atomic(tmp_path, monkeypatch):
         write_json_atomic(target, {"schema": SCHEMA, "n": 2})
     assert json.loads(target.read_text()) == {"schema": SCHEMA, "n": 1}
     assert os.listdir(tmp_path) == ["baseline.json"]  # no half-written temporary left behind
+
+
+def test_ops_an_implementation_declares_lacking_are_listed_not_swept(tmp_path):
+    """As in pytest: a declared lack is named with its reason, never swept (it used to fill the
+    table with 0/N rows and the aliasing checks with "'NoneType' object is not callable"); asking
+    for it with --ops is a usage error."""
+    partial = "tests.broken_impls:declares_what_it_lacks"  # rope only
+    proc = report(tmp_path, "--impl", partial, "--dtypes", "float32", "--variants", "plain", "--workers", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    document = json.loads((tmp_path / "run.json").read_text())
+    assert {c["op"] for c in document["cells"]} == {"rope"} and {c["op"] for c in document["aliasing"]} == {"rope"}
+    assert all(c["status"] == "pass" for c in document["cells"]) and not document["failures"]
+    assert document["not_tested"]["rms_norm"] == "not written yet"
+    assert f"not tested: rms_norm: {partial} declares it lacks it (not written yet)" in proc.stdout
+    assert "not written yet" in (tmp_path / "run.html").read_text()
+    refused = report(tmp_path, "--impl", partial, "--ops", "rms_norm", name="refused")
+    assert refused.returncode == 2 and "declares it lacks rms_norm" in refused.stdout, refused.stdout + refused.stderr

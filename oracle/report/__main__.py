@@ -56,10 +56,13 @@ def main(argv=None) -> int:
         stored = _stored_run(args.from_json) if args.from_json else None
         platform = stored["environment"]["platform"] if stored else platform_key()
         baseline_path = args.baseline or gate.default_baseline(platform)
-        if not stored:
-            load(args.impl)
-        tasks = None if stored else sweep.plan(args.full, args.ops, args.dtypes, args.variants,
-                                               checks=not args.no_checks)
+        ops, not_tested = args.ops, {}
+        if not stored:  # as pytest does: the ops asked must be there, declared lacks are listed, not swept
+            implementation = load(args.impl)
+            ops = implementation.select(args.ops)
+            not_tested = {op: why for op, why in implementation.declared_lacking().items()
+                          if implementation.op(op) is None}
+        tasks = None if stored else sweep.plan(args.full, ops, args.dtypes, args.variants, checks=not args.no_checks)
         # --baseline names the run to compare with, and with --update-baseline also where to write;
         # a baseline about to be written for the first time has nothing to compare with yet.
         wanted = args.gate or (args.baseline and not args.update_baseline) or \
@@ -77,7 +80,7 @@ def main(argv=None) -> int:
     except (ValueError, ImplementationUnavailable) as exc:
         return _usage_error(console, exc)
 
-    document = stored or sweep_now(args, tasks, console)
+    document = stored or {**sweep_now(args, tasks, console), "not_tested": not_tested}
     try:
         comparison = gate.compare(document, baseline, gate.Selection.of(args)) if baseline else None
     except gate.BaselineError as exc:

@@ -60,7 +60,7 @@ def plan(full: bool, ops: list[str] | None = None, dtypes: list[str] | None = No
          variants: list[str] | None = None, checks: bool = True) -> list[Task]:
     tasks: list[Task] = []
     for name, spec in SPECS.items():
-        if ops and name not in ops:
+        if ops is not None and name not in ops:
             continue
         cases = [c for c in spec.sweep(full)
                  if (not dtypes or c.dtype in dtypes) and (not variants or c.variant in variants)]

@@ -35,6 +35,9 @@ def print_summary(document: dict, comparison: dict | None, console: Console) -> 
     checks = document["aliasing"]
     flagged = [c for c in checks if c["findings"]]
     console.print(f"aliasing checks: {len(checks) - len(flagged)}/{len(checks)} clean")
+    for op, why in document.get("not_tested", {}).items():
+        console.print(f"not tested: {op}: {document['impl']} declares it lacks it ({why})", highlight=False,
+                      soft_wrap=True)
     for failure in document["failures"][:20]:
         console.print(f"[red]{failure['status']}[/]: {failure['summary']}\n  rerun: {failure['repro']}",
                       highlight=False, soft_wrap=True)
