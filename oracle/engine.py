@@ -40,8 +40,8 @@ CASES_RUN: Counter = Counter()
 # ("case", op, variant, dtype, layout, grad_layout, values, past tiles) and ("check", op, variant, dtype, check).
 COVERAGE: Counter = Counter()
 # Called with (case, impl name[, check]) before a case or an aliasing check runs and (None, None)
-# after, so that a crash that kills the process can still be traced to it (conftest.py records it
-# for xdist).
+# after, so that a crash that kills the process can still be traced to it (the pytest plugin
+# records it for xdist).
 INFLIGHT_HOOKS: list[Callable] = []
 
 

@@ -128,6 +128,25 @@ def _liger():
 
 
 def _kernels():
+    """This repository's own kernels/, found beside the oracle package, and never another package
+    named ``kernels`` (Hugging Face's hub-kernels library owns that import name once installed)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    # A checkout has its pyproject.toml beside oracle/ and kernels/; an installed oracle/ sits in
+    # site-packages, where a kernels/ can only be someone else's.
+    if not ((root / "pyproject.toml").is_file() and (root / "kernels" / "__init__.py").is_file()):
+        raise ImplementationUnavailable(
+            "this project's own kernels live in its repository and are not installed with the wheel (the import "
+            "name `kernels` belongs to Hugging Face's hub-kernels library); run from a checkout, or pass "
+            "--impl your.module:attr")
+    spec = importlib.util.find_spec("kernels")
+    found = Path(spec.origin).resolve().parent if spec is not None and spec.origin else None
+    if found != root / "kernels":
+        raise ImplementationUnavailable(
+            f"`import kernels` finds {found or 'nothing'}, not this checkout's {root / 'kernels'}; run from the "
+            "checkout's root, or put it first on PYTHONPATH")
     return importlib.import_module("kernels")
 
 
@@ -156,6 +175,13 @@ def load(name: str) -> Implementation:
     if ":" not in name:
         raise ValueError(f"unknown implementation {name!r}: use one of {', '.join(BUILTIN)} or package.module:attr")
     module_name, attr = name.split(":", 1)
+    import os
+    import sys
+
+    # A module in the working directory is importable, as under ``python -m``: plain ``pytest``
+    # does not put the directory on sys.path, and an author's implementation usually lives there.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         target = importlib.import_module(module_name)
     except ImportError as exc:

@@ -85,11 +85,12 @@ raw_backward_fresh_tensors = SimpleNamespace(swiglu_DWf_DW_dfg_kernel=_backward_
 
 only_swiglu = SimpleNamespace(swiglu=kernels.swiglu)
 
-# Misnamed: "rmsnorm" is not the contract's "rms_norm" (conftest fails the session, naming it).
+# Misnamed: "rmsnorm" is not the contract's "rms_norm" (the pytest plugin fails the session, naming it).
 misnamed_rms_norm = SimpleNamespace(rmsnorm=kernels.rms_norm, rope=kernels.rope)
 
 # A partial implementation that says what it lacks, and why.
-declares_what_it_lacks = SimpleNamespace(rope=kernels.rope, LACKING={op: "not written yet" for op in SPECS if op != "rope"})
+declares_what_it_lacks = SimpleNamespace(rope=kernels.rope, CLOBBERS={"rope": kernels.CLOBBERS["rope"]},
+                                         LACKING={op: "not written yet" for op in SPECS if op != "rope"})
 
 
 class _RmsNormFailingInFloat64(torch.autograd.Function):

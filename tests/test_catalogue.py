@@ -11,8 +11,8 @@ from hypothesis import Phase, settings
 from oracle.impls import load
 from oracle.cases import FLOAT_DTYPES
 from oracle.ops import MODULES, SPECS
+from oracle.suite.test_contract import _differential_test
 from tests.broken_impls import CATALOGUE, Bug
-from tests.test_ops import _differential_test
 
 
 def _run_suite_test(bug: Bug, dtype: str, device) -> str | None:

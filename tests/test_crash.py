@@ -1,5 +1,5 @@
 """A crash in one case (a segfault under the interpreter) must not lose the rest of a pytest run:
-xdist replaces the worker, and conftest.py names the case that was running and how to rerun it."""
+xdist replaces the worker, and the pytest plugin (oracle/pytest_plugin.py) names the case that was running and how to rerun it."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import pytest
 
 from oracle.impls import OPS, load
 from oracle.ops import SPECS
-from tests import test_ops
+from oracle.suite import test_contract
 
 ROOT = Path(__file__).parent.parent
 
@@ -68,10 +68,10 @@ def test_ops_declared_lacking_are_listed_at_the_end_of_the_session():
 def test_a_backward_raising_a_dtype_type_error_fails_gradcheck(device):
     case = SPECS["rms_norm"].float64_cases[0]
     with pytest.raises(TypeError, match="accumulator dtype mismatch"):
-        test_ops.test_float64(case, load("tests.broken_impls:backward_type_error"), device, ["rms_norm"])
+        test_contract.test_float64(case, load("tests.broken_impls:backward_type_error"), device, ["rms_norm"])
     with pytest.raises(pytest.skip.Exception, match="NO_FLOAT64"):
-        test_ops.test_float64(case, load("tests.broken_impls:declares_no_float64"), device, ["rms_norm"])
-    test_ops.test_float64(case, load("kernels"), device, ["rms_norm"])  # and the check passes where all is well
+        test_contract.test_float64(case, load("tests.broken_impls:declares_no_float64"), device, ["rms_norm"])
+    test_contract.test_float64(case, load("kernels"), device, ["rms_norm"])  # and the check passes where all is well
 
 
 def test_no_dependency_is_imported_or_skipped():

@@ -6,7 +6,7 @@ from oracle.engine import run_case
 from oracle.impls import load
 
 
-# ``device`` is conftest.py's fixture: the GPU where kernels are compiled for one, else the CPU.
+# ``device`` is the pytest plugin's fixture: the GPU where kernels are compiled for one, else the CPU.
 def test_crashes(device):
     case = Case("rms_norm", "llama", "float32", {"lead": [2], "cols": 1500}, "contiguous", "normal",
                 {"eps": 1e-6, "weight": "same"}, seed=1)

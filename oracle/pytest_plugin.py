@@ -1,0 +1,312 @@
+"""The harness's pytest plugin: --impl, the device each xdist worker owns, hypothesis profiles, case counts, crashes.
+
+Installed with the package, it is loaded by every pytest session of the environment (the ``pytest11``
+entry point ``oracle.pytest_plugin``; this repository's conftest.py names it too, for a checkout used
+without installing). So it stays inert until an implementation is asked for, with ``--impl`` or the
+ini option ``oracle_impl`` (this repository's pyproject.toml sets ``kernels``); inert, it imports no
+torch, touches no hypothesis profile and changes nothing, and its fixtures fail saying how to ask.
+``-p no:oracle.pytest_plugin`` turns it off.
+
+Active:
+
+- ``--impl NAME|module:attr`` picks the implementation the generic tests (oracle/suite/) judge,
+  ``--ops a,b`` restricts the ops asked of it. Before anything runs, the implementation is loaded
+  and must provide every op asked (oracle/impls.py, ``select``): an unimportable module, a typo in
+  an op name or a missing op fails the session with the reason; ops it declares it lacks are
+  skipped and listed at the end.
+- Each worker runs on its own GPU when there are several (oracle/devices.py), else the CPU
+  interpreter. The device of every worker is logged in the summary.
+- Hypothesis profiles: ``ci`` (loaded when CI is set: derandomized, no deadline, bounded examples),
+  ``dev`` (the default: example database on) and ``thorough`` (opt in: many examples). Choose with
+  ``--hypothesis-profile`` or HYPOTHESIS_PROFILE. A conftest.py's own profile of one of these names,
+  or one it loaded itself, is kept.
+- A worker killed by a crash (a segfault under the interpreter, an illegal address on the GPU)
+  loses only the case it was running: xdist replaces the worker, and the crash report names the
+  case and the command that reruns it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.errors import InvalidArgument
+
+# Registered and loaded by an active session only (pytest_configure, before any test module is
+# imported): registering "ci" at import would replace, in every session of the environment, the
+# profile hypothesis itself loads on CI machines.
+_common = {"deadline": None, "print_blob": True,
+           "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]}
+PROFILES = {
+    "ci": {"derandomize": True, "database": None, "max_examples": 10, **_common},
+    "dev": {"max_examples": 10, **_common},
+    "thorough": {"max_examples": 400, **_common},
+}
+
+
+def _profile(name: str):
+    try:
+        return settings.get_profile(name)
+    except InvalidArgument:
+        return None
+
+
+# What these names hold before any conftest.py runs (hypothesis's own "ci"): a name that a
+# conftest.py registers again keeps its profile.
+_BEFORE = {name: _profile(name) for name in PROFILES}
+
+# Where each worker notes the case it is running; one folder per session (the controller's pid),
+# so that a pytest run inside a test (tests/test_crash.py) cannot overwrite its parent's notes.
+INFLIGHT = Path(".oracle") / "inflight" / str(os.getpid())
+
+INACTIVE = "no implementation asked: pass --impl NAME|package.module:attr, or set the ini option oracle_impl"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("kernel-oracle")
+    group.addoption("--impl", default=None,
+                    help="implementation under test: kernels, hf, compile, liger, or package.module:attr "
+                         "(default: the ini option oracle_impl; with neither, the plugin stays inactive)")
+    group.addoption("--ops", default=None,
+                    help="comma-separated ops to test (default: every op of the contract)")
+    parser.addini("oracle_impl", "kernel-oracle: the implementation under test when --impl is not given", default="")
+
+
+def _asked(config) -> str | None:
+    """The implementation this session tests, or None: the plugin is inactive."""
+    return getattr(config, "oracle_impl_name", None)
+
+
+@pytest.hookimpl(tryfirst=True)  # the profile first: hypothesis's own configure applies --hypothesis-profile over it
+def pytest_configure(config):
+    """Load the implementation asked and settle the ops asked of it, or fail the session before collection."""
+    config.oracle_impl_name = config.getoption("--impl") or config.getini("oracle_impl") or None
+    name = _asked(config)
+    if name is None:
+        if config.getoption("--ops"):
+            raise pytest.UsageError(f"--ops: {INACTIVE}")
+        return
+    global INFLIGHT
+    if hasattr(config, "workerinput"):  # an xdist worker: note into the controller's folder
+        INFLIGHT = Path(config.workerinput["oracle_inflight"])
+    _load_profile()
+    from oracle import engine
+    from oracle.impls import ImplementationUnavailable, load
+
+    if _record_inflight not in engine.INFLIGHT_HOOKS:
+        engine.INFLIGHT_HOOKS.append(_record_inflight)
+    wanted = config.getoption("--ops")
+    try:
+        impl = load(name)
+        config.oracle_ops = impl.select([op.strip() for op in wanted.split(",") if op.strip()] if wanted else None)
+    except (ImplementationUnavailable, ValueError) as exc:
+        raise pytest.UsageError(f"--impl {name}: {exc}") from exc
+    config.oracle_not_tested = {op: why for op, why in impl.declared_lacking().items() if impl.op(op) is None}
+
+
+def _load_profile() -> None:
+    """HYPOTHESIS_PROFILE, else ``ci`` on CI, else ``dev``; a profile a conftest.py loaded stays, and
+    hypothesis applies ``--hypothesis-profile`` after this."""
+    for name, options in PROFILES.items():
+        if _profile(name) is _BEFORE[name]:
+            settings.register_profile(name, settings.get_profile("default"), **options)
+    explicit = os.environ.get("HYPOTHESIS_PROFILE")
+    if explicit or _loaded_profile() in (None, "default", "ci"):  # nobody's choice but hypothesis's
+        settings.load_profile(explicit or ("ci" if os.environ.get("CI") else "dev"))
+
+
+def _loaded_profile() -> str | None:
+    if hasattr(settings, "get_current_profile_name"):
+        return settings.get_current_profile_name()
+    return getattr(settings, "_current_profile", None)  # hypothesis releases before that method (>= 6.100)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip, with the reason, the generic tests of ops the run does not ask for."""
+    if _asked(config) is None:
+        return
+    from oracle.impls import load
+
+    impl = load(_asked(config))
+    for item in items:
+        op = getattr(getattr(item, "function", None), "oracle_op", None)
+        if op is not None and op not in config.oracle_ops:
+            why = impl.declared_lacking().get(op) or "not in --ops"
+            item.add_marker(pytest.mark.skip(reason=f"{op} not asked of {impl.name}: {why}"))
+
+
+def _require_active(request) -> str:
+    name = _asked(request.config)
+    if name is None:
+        pytest.fail(f"fixture {request.fixturename!r} of kernel-oracle: {INACTIVE}", pytrace=False)
+    return name
+
+
+@pytest.fixture(scope="session")
+def device(request):
+    _require_active(request)
+    from oracle.devices import default_device
+
+    return default_device()
+
+
+@pytest.fixture(scope="session")
+def impl_name(request) -> str:
+    return _require_active(request)
+
+
+@pytest.fixture(scope="session")
+def impl(request):
+    name = _require_active(request)
+    from oracle.impls import load
+
+    return load(name)  # pytest_configure has loaded it once already
+
+
+@pytest.fixture(scope="session")
+def asked_ops(request) -> list[str]:
+    _require_active(request)
+    return request.config.oracle_ops
+
+
+# --- which case is running, so that a crash can name it -----------------------------------------
+
+
+def _inflight_file(worker: str) -> Path:
+    return INFLIGHT / f"{worker}.json"
+
+
+def _record_inflight(case, impl: str | None, check: str | None = None) -> None:
+    from oracle import engine
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    path = _inflight_file(worker)
+    if case is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    what = case.summary() + (f" [check {check}]" if check else "")
+    path.write_text(json.dumps({"case": what, "repro": engine.repro_command(case, impl, check)}))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["oracle_inflight"] = str(INFLIGHT)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    path = _inflight_file(report.node.gateway.id)
+    if path.exists():
+        inflight = json.loads(path.read_text())
+        report.longrepr = f"{report.longrepr}\ncrashed in case: {inflight['case']}\nrerun: {inflight['repro']}"
+        path.unlink()
+
+
+# --- cases run per op and dtype, summed over workers ------------------------------------------
+
+
+_totals: Counter = Counter()
+_coverage: Counter = Counter()
+_worker_devices: dict[str, str] = {}
+
+
+def pytest_sessionfinish(session):
+    if _asked(session.config) is None:
+        return
+    from oracle import engine
+    from oracle.devices import default_device
+
+    counts = {f"{op}|{dtype}": n for (op, dtype), n in engine.CASES_RUN.items()}
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: hand the counts to the controller
+        session.config.workeroutput["oracle_counts"] = json.dumps(counts)
+        session.config.workeroutput["oracle_coverage"] = json.dumps([[list(k), n] for k, n in engine.COVERAGE.items()])
+        session.config.workeroutput["oracle_device"] = str(default_device())
+    else:
+        _totals.update(counts)
+        _coverage.update(engine.COVERAGE)
+        shutil.rmtree(INFLIGHT, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    output = getattr(node, "workeroutput", {})
+    _totals.update(json.loads(output.get("oracle_counts", "{}")))
+    _coverage.update({tuple(key): n for key, n in json.loads(output.get("oracle_coverage", "[]"))})
+    if "oracle_device" in output:
+        _worker_devices[node.gateway.id] = output["oracle_device"]
+
+
+def coverage_lines(coverage: Counter) -> list[str]:
+    """Per op: what the session's cases and aliasing checks covered out of what its spec declares
+    (variant x dtype, input and gradient layouts, kinds of values, cases past the tiles, and
+    check x variant x dtype), naming whatever was missed."""
+    from oracle import aliasing
+    from oracle.cases import FLOAT_DTYPES
+    from oracle.ops import SPECS
+
+    cases = [key[1:] for key in coverage if key[0] == "case"]
+    checks = {key[1:] for key in coverage if key[0] == "check"}
+    lines = []
+    for name, spec in SPECS.items():
+        mine = [c for c in cases if c[0] == name]
+        if not mine and not any(c[0] == name for c in checks):
+            continue
+        wanted = {
+            "variant x dtype": {(v, d) for v in spec.variants for d in FLOAT_DTYPES},
+            "layouts": spec.input_layouts(),
+            "gradient layouts": spec.gradient_layouts(),
+            "checks x variant x dtype": {(k, v, d) for k in aliasing.applicable(spec) for v in spec.variants
+                                         for d in FLOAT_DTYPES},
+        }
+        seen = {
+            "variant x dtype": {(c[1], c[2]) for c in mine},
+            "layouts": {c[3] for c in mine},
+            "gradient layouts": {c[4] for c in mine},
+            "checks x variant x dtype": {(c[3], c[1], c[2]) for c in checks if c[0] == name},
+        }
+        parts = [f"{label} {len(seen[label] & want)}/{len(want)}" for label, want in wanted.items()]
+        long = sum(coverage[("case",) + c] for c in set(mine) if c[-1])
+        lines.append(f"coverage {name}: " + ", ".join(parts) + f", values {len({c[5] for c in mine})}, "
+                     f"cases past the tiles {long}")
+        for label, want in wanted.items():
+            missed = sorted(map(str, want - seen[label]))
+            if missed and seen[label]:  # a category the session ran at all (a subset run skips the rest)
+                lines.append(f"  missed {label}: {', '.join(missed[:8])}{' ...' if len(missed) > 8 else ''}")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    name = _asked(config)
+    if name is None:
+        return
+    from oracle.devices import default_device, worker_index
+
+    write = terminalreporter.write_line
+    lacking = getattr(config, "oracle_not_tested", {})
+    if lacking:
+        terminalreporter.section("kernel-oracle: ops not tested")
+        for op, why in lacking.items():
+            write(f"{op}: {name} declares it lacks it ({why})")
+    if not _totals:
+        return
+    terminalreporter.section("kernel-oracle: cases run per op and dtype")
+    dtypes = sorted({key.split("|")[1] for key in _totals})
+    ops = sorted({key.split("|")[0] for key in _totals})
+    write(f"{'op':28s}" + "".join(f"{d:>10s}" for d in dtypes) + f"{'total':>10s}")
+    for op in ops:
+        row = [_totals.get(f"{op}|{d}", 0) for d in dtypes]
+        write(f"{op:28s}" + "".join(f"{n:>10d}" for n in row) + f"{sum(row):>10d}")
+    write(f"{'all':28s}" + "".join(f"{sum(_totals.get(f'{o}|{d}', 0) for o in ops):>10d}" for d in dtypes)
+          + f"{sum(_totals.values()):>10d}")
+    for line in coverage_lines(_coverage):
+        write(line)
+    if _worker_devices:
+        write("devices: " + ", ".join(f"{w}={d}" for w, d in sorted(_worker_devices.items(), key=lambda kv: worker_index(kv[0]) or 0)))
+    else:
+        write(f"device: {default_device()}")
