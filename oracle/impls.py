@@ -1,7 +1,7 @@
 """Implementations under test (docs/design.md §2): built-in names and ``package.module:attr`` loading.
 
-An implementation is any object exposing some of the contract's callables (``rms_norm``, ``rope``,
-``swiglu``, ``swiglu_fg_kernel``, ``swiglu_DWf_DW_dfg_kernel``) and optionally:
+An implementation is any object exposing some of the contract's callables (``OPS``: one per spec of
+the registry, named as in ``kernels/__init__.py``) and optionally:
 
 - ``CLOBBERS``: {op: argument names the op may overwrite};
 - ``LACKING``: {op: why it is not provided}. A run asks for every op (or those named with
@@ -11,7 +11,8 @@ An implementation is any object exposing some of the contract's callables (``rms
 - ``NO_FLOAT64``: ops that have no float64 path. Only these skip the float64 checks (gradcheck).
 
 Built in:
-- ``kernels``: this project's Triton kernels (the default).
+- ``kernels``: this project's Triton kernels (the repository's default, ``oracle_impl`` in its
+  pyproject.toml); only from a checkout, since the wheel installs the harness alone.
 - ``hf``: the oracle's own HF maths run as an implementation. It must pass everything; if it
   does not, the harness is wrong, not the kernels.
 - ``compile``: ``torch.compile`` of the HF maths (the raw kernels have no HF counterpart to
@@ -21,7 +22,8 @@ Built in:
 - ``unsloth``, ``unsloth-inplace``: Unsloth's released kernels, called as Unsloth calls them
   (oracle/adapters/unsloth.py); on a GPU, with ``unsloth`` and ``unsloth_zoo`` installed.
 
-All three are built from the registry (oracle/ops/): a new op is covered by them through its spec.
+hf, compile and liger are built from the registry (oracle/ops/): a new op is covered by them
+through its spec.
 """
 
 from __future__ import annotations
