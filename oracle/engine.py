@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import reference as R
+from . import scale
 from .cases import Case, past_tiles
 from .compare import TensorVerdict, judge, summation_noise
 from .impls import Implementation
@@ -72,6 +73,7 @@ class CaseResult:
     findings: list[Finding] = field(default_factory=list)
     error: str = ""
     seconds: float = 0.0
+    scope: str = ""  # what was judged, where not the whole case (a case at scale)
 
     @property
     def passed(self) -> bool:
@@ -89,6 +91,8 @@ class CaseResult:
     def explain(self) -> str:
         """A failure report a person can act on: the case, metrics per tensor, findings, the repro."""
         lines = [f"{self.status.upper()}: {self.case.summary()}  [impl {self.impl}]"]
+        if self.scope:
+            lines.append(f"  {self.scope}")
         for v in self.verdicts:
             mark = "ok  " if v.passed else "FAIL"
             lines.append(
@@ -139,9 +143,15 @@ def evaluate(spec: OpSpec, fn, args: dict, upstream: dict | None, compute=None) 
     return Evaluation({n: t.detach() for n, t in outputs.items()}, grads)
 
 
+def _whole(name: str, t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
 @dataclass
 class Prepared:
-    """A case's arguments and the three reference evaluations the implementation is judged against."""
+    """A case's arguments (the implementation runs on these) and the three reference evaluations it
+    is judged against: of the whole case, or of the slice ``compared_part`` takes from each compared
+    tensor (a case at scale, oracle/scale.py)."""
 
     args: dict
     upstream: dict[str, torch.Tensor]
@@ -151,28 +161,84 @@ class Prepared:
     sum_noise: dict[str, float]  # compare.summation_noise per summed tensor
     element_noise: dict[str, torch.Tensor]  # the spec's noise model per compared tensor
     order_noise: dict[str, torch.Tensor]  # the part of it another summation order moves
+    compared_part: Callable[[str, torch.Tensor], torch.Tensor] = _whole  # (name, implementation's tensor) -> judged part
+    scope: str = ""  # what was judged, where not the whole case
 
     def judge(self, name: str, got: torch.Tensor) -> TensorVerdict:
         """The verdict on one compared tensor of an implementation (compare.judge)."""
-        return judge(name, got, self.hf.tensors()[name], self.truth.tensors()[name],
+        return judge(name, self.compared_part(name, got), self.hf.tensors()[name], self.truth.tensors()[name],
                      self.reordered.tensors().get(name), self.sum_noise.get(name, 0.0), self.element_noise[name],
                      self.order_noise.get(name))
 
 
 def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient) -> Prepared:
     args = spec.make_args(case, device)
+    if scale.judged_on_a_slice(spec, case):
+        return _prepare_on_a_slice(spec, case, args, upstream_fn)
     # HF's forward gives the outputs' shapes and dtypes, from which the upstream gradients are drawn.
     forward = evaluate(spec, spec.reference, args, None)
     upstream = {name: upstream_fn(case, name, out) for name, out in forward.outputs.items()} if spec.differentiable else {}
+    return _references(spec, case, args, upstream)
+
+
+def _references(spec: OpSpec, case: Case, args: dict, upstream: dict) -> Prepared:
     hf = evaluate(spec, spec.reference, args, upstream)
     truth = evaluate(spec, spec.reference, {k: R.upcast(v) for k, v in args.items()},
                      {k: R.upcast(v) for k, v in upstream.items()}, compute=torch.float64)
     reordered = evaluate(spec, spec.reference_reordered, args, upstream, compute=torch.float32)
-    accumulator = torch.float64 if case.dtype == "float64" else torch.float32
-    sum_noise = {name: summation_noise(*terms(args, upstream), accumulator) for name, terms in spec.summed.items()}
+    sum_noise = {name: summation_noise(*terms(args, upstream), _accumulator(case))
+                 for name, terms in spec.summed.items()}
     element_noise = {name: model(args, upstream) for name, model in spec.noise.items()}
     order_noise = {name: model(args, upstream) for name, model in spec.order_noise.items()}
     return Prepared(args, upstream, hf, truth, reordered, sum_noise, element_noise, order_noise)
+
+
+def _accumulator(case: Case) -> torch.dtype:
+    return torch.float64 if case.dtype == "float64" else torch.float32
+
+
+def _prepare_on_a_slice(spec: OpSpec, case: Case, args: dict, upstream_fn) -> Prepared:
+    """A case at scale (oracle/scale.py, Note [Judging a case at scale]): the references of a slice of
+    its programs, and of the gradients summed over all of them; the implementation gets it whole."""
+    programs = spec.programs
+    with torch.no_grad():
+        outputs = spec.call(spec.reference, args)  # shapes and dtypes, as above, without a graph
+    upstream = {name: upstream_fn(case, name, out) for name, out in zip(spec.outputs, outputs)} \
+        if spec.differentiable else {}
+    del outputs
+    count, largest = programs.size(case)
+    index = scale.compared_programs(count, largest // count, case.seed)
+    prepared = _references(spec, case, programs.args(args, index),
+                           {name: programs.tensor(t, index) for name, t in upstream.items()})
+    for name in programs.summed:
+        _summed_over_every_program(spec, case, prepared, name, args, upstream)
+    prepared.args, prepared.upstream = args, upstream
+    prepared.compared_part = lambda name, t: t if name in programs.summed else programs.tensor(t, index)
+    prepared.scope = scale.describe_slice(spec, len(index), count)
+    return prepared
+
+
+def _summed_over_every_program(spec: OpSpec, case: Case, prepared: Prepared, name: str, args: dict,
+                               upstream: dict) -> None:
+    """A gradient summed over every program, judged whole: HF's autograd over the whole case, the
+    truth summed in float64 chunk by chunk, and the spec's noise models (which take the whole case
+    in bounded memory)."""
+    prepared.hf.grads[name] = evaluate(spec, spec.reference, args, upstream).grads[name]
+    prepared.reordered.grads[name] = evaluate(spec, spec.reference_reordered, args, upstream,
+                                              compute=torch.float32).grads[name]
+    count, largest = spec.programs.size(case)
+    truth = None
+    for index in scale.chunks(count, largest // count):
+        part = evaluate(spec, spec.reference, {k: R.upcast(v) for k, v in spec.programs.args(args, index).items()},
+                        {k: R.upcast(spec.programs.tensor(v, index)) for k, v in upstream.items()},
+                        compute=torch.float64).grads[name]
+        truth = part if truth is None else truth + part
+    prepared.truth.grads[name] = truth
+    prepared.element_noise[name] = spec.noise[name](args, upstream)
+    if name in spec.order_noise:
+        prepared.order_noise[name] = spec.order_noise[name](args, upstream)
+    if name in spec.summed:
+        prepared.sum_noise[name] = summation_noise(*spec.summed[name](args, upstream), _accumulator(case))
 
 
 # --- the implementation -------------------------------------------------------------------------
@@ -246,7 +312,7 @@ def run_impl(spec: OpSpec, case: Case, impl: Implementation, prepared: Prepared,
 def _residual_branches(prepared: Prepared, device) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per output, a leaf r and the non-leaf branch a = r * 1 that the output is added to."""
     branches = {}
-    for name, like in prepared.hf.outputs.items():
+    for name, like in prepared.upstream.items():  # an output's gradient has its shape and dtype
         leaf = torch.zeros(like.shape, dtype=like.dtype, device=device, requires_grad=True)
         with torch.enable_grad():
             branches[name] = (leaf, leaf * 1)
@@ -326,8 +392,8 @@ def judge_all(spec: OpSpec, prepared: Prepared, run: ImplRun) -> tuple[list[Tens
     hf = prepared.hf.tensors()
     verdicts, findings = [], []
     for name in spec.compared():
-        k, h = got[name], hf[name]
-        verdicts.append(prepared.judge(name, k))
+        k, h = prepared.compared_part(name, got[name]), hf[name]
+        verdicts.append(prepared.judge(name, got[name]))
         unwritten = int((k.isnan() & ~h.to(k.device).isnan()).sum()) if k.shape == h.shape else 0
         if unwritten:
             findings.append(Finding("unwritten", name, "forward" if name in spec.outputs else "backward",
@@ -347,11 +413,14 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
     for hook in INFLIGHT_HOOKS:
         hook(case, impl.name)
     try:
-        with time_limit(case.summary()):
+        # a case at scale waits for its GPU before its time starts (oracle/scale.py)
+        with scale.one_at_a_time(spec, case, device), time_limit(case.summary()):
             prepared = prepare(spec, case, device)
             run = run_impl(spec, case, impl, prepared, device)
-        result.verdicts, unwritten = judge_all(spec, prepared, run)
-        result.findings = run.findings + unwritten
+            result.verdicts, unwritten = judge_all(spec, prepared, run)
+            result.findings = run.findings + unwritten
+            result.scope = prepared.scope
+            del prepared, run  # before the GPU goes to the next case at scale
         if result.findings or not all(v.passed for v in result.verdicts):
             result.status = "fail"
     except Exception:  # noqa: BLE001 - any exception is a result to report, with its traceback

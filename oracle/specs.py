@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from . import cases as C
 from .cases import Case
 from .memory import CONTIGUOUS, FUSE_LAST_DIM, Fusion, Layout
+from .scale import AT_SCALE_ELEMENTS
 from .workload import Bench
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
@@ -50,6 +51,23 @@ class ErrorInput:
 
 
 @dataclass(frozen=True)
+class Programs:
+    """How a case splits into independent programs (RMSNorm's rows, RoPE's tokens, SwiGLU's rows),
+    so that a case at production scale is judged on a slice of them (oracle/scale.py, Note [Judging
+    a case at scale]). Each program's outputs depend on its own inputs and the shared ones (W, the
+    tables) only."""
+
+    unit: str  # what a program is, plural: "rows", "tokens"
+    size: Callable[[Case], tuple[int, int]]  # case -> (programs, elements of its largest tensor)
+    args: Callable[[dict, torch.Tensor], dict]  # the arguments, program indices -> those programs alone
+    tensor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # an output, gradient or upstream
+    # gradient, program indices -> its part in those programs
+    # Gradients summed over every program (RMSNorm's dW): judged whole. Their noise, order noise and
+    # ``summed`` entries take the whole case and must work in bounded memory (chunk by chunk).
+    summed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class OpSpec:
     # --- identity
     name: str  # the implementation's attribute, and the key in its CLOBBERS
@@ -74,6 +92,10 @@ class OpSpec:
     layout_args: tuple[str, ...]  # arguments placed in the case's layout
     layout_of: Callable[[str, tuple[int, ...]], Layout]  # (layout name, shape) -> Layout
     sweep: Callable[[bool], list[Case]]  # (full) -> the report's fixed grid
+    # The scale grid: the sizes people train at, run on a GPU by ``oracle.report --scale`` and
+    # ``pytest --scale`` (oracle/scale.py); needs ``programs``.
+    scale: Callable[[], list[Case]] = list
+    programs: Programs | None = None
 
     # --- extras
     # Small float64 cases, one per variant at least: torch.autograd.gradcheck of a hand-written
@@ -108,6 +130,8 @@ class OpSpec:
         unknown = set(self.order_noise) - set(self.compared())
         if unknown:
             raise ValueError(f"spec {self.name}: order noise for {sorted(unknown)}, which are not compared")
+        if self.scale() and self.programs is None:
+            raise ValueError(f"spec {self.name}: a scale grid needs ``programs`` to judge it on a slice")
 
     def contract_callable(self) -> Callable:
         """HF's maths with the contract's signature: what ``--impl hf`` runs."""
@@ -138,8 +162,15 @@ def generator(case: Case, salt: str) -> torch.Generator:
 
 
 def fill(shape, dtype: torch.dtype, kind: str, gen: torch.Generator, device) -> torch.Tensor:
-    """Values of one kind (cases.VALUE_KINDS) made on the CPU in fp64, rounded to dtype, then moved."""
-    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    """Values of one kind (cases.VALUE_KINDS) made on the CPU in fp64, rounded to dtype, then moved.
+    A tensor at production scale (oracle/scale.py) is made on its GPU instead, in fp32, by a
+    generator of that GPU seeded alike: the host would take minutes and a 17 GB fp64 copy."""
+    device = torch.device(device)
+    if device.type == "cuda" and math.prod(shape) > AT_SCALE_ELEMENTS:
+        gen = torch.Generator(device=device).manual_seed(gen.initial_seed())
+        x = torch.randn(shape, generator=gen, dtype=torch.float32, device=device)
+    else:
+        x = torch.randn(shape, generator=gen, dtype=torch.float64)
     n = x.numel()
     if kind == "large":
         x = x * 1000.0  # squares beyond fp16's range; exp(-e) overflows fp32 for SwiGLU
@@ -147,12 +178,12 @@ def fill(shape, dtype: torch.dtype, kind: str, gen: torch.Generator, device) -> 
         x = x * 1e-4  # x^2 far below typical eps: eps dominates; fp16 near its subnormals
     elif kind == "zero_rows" and x.dim() > 0:
         rows = x.reshape(-1, x.shape[-1])
-        rows[torch.rand(rows.shape[0], generator=gen) < 0.4] = 0.0
+        rows[torch.rand(rows.shape[0], generator=gen, device=x.device) < 0.4] = 0.0
     elif kind == "outliers" and n:
-        picks = torch.randint(0, n, (max(1, n // 100),), generator=gen)
+        picks = torch.randint(0, n, (max(1, n // 100),), generator=gen, device=x.device)
         x.view(-1)[picks] *= 1000.0
     elif kind == "nonfinite" and n:
-        picks = torch.randint(0, n, (3,), generator=gen)
+        picks = torch.randint(0, n, (3,), generator=gen, device=x.device)
         for pick, value in zip(picks.tolist(), (math.nan, math.inf, -math.inf)):
             x.view(-1)[pick] = value
     if kind != "nonfinite":

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from .. import cases as C
 from ..cases import FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering, grad_layouts, layouts, seeds
-from ..specs import DTYPES, ErrorInput, fill, generator
+from ..scale import row_count, rows
+from ..specs import DTYPES, ErrorInput, Programs, fill, generator
 
 
 def lora_backward(forward: Callable, DW, e, g, compute=None):
@@ -114,6 +115,32 @@ def elementwise_sweep(op: str, autograd: bool,
         return out
 
     return sweep
+
+
+def elementwise_scale(op: str, variants: tuple[str, ...] = ("default",)) -> Callable[[], list[Case]]:
+    """The scale grid: Llama-3-8B's MLP width (14336) at just past 2^31 elements in 16-bit, where a
+    32-bit element offset wraps (about 2^30 in float32: see rms_norm's _SCALE_SHAPES)."""
+    def scale() -> list[Case]:
+        out = []
+        for variant in variants:
+            for dtype in C.FLOAT_DTYPES:
+                rows = (2**30 if dtype == "float32" else 2**31) // 14336 + 1
+                out.append(Case(op, variant, dtype, {"shape": [rows, 14336]}, "contiguous", "normal", {},
+                                seed=len(out)))
+        return out
+
+    return scale
+
+
+def _elementwise_size(case: Case) -> tuple[int, int]:
+    shape = case.dims["shape"]
+    return row_count(shape), math.prod(shape)
+
+
+# Every row is its own program: each tensor argument and compared tensor is sliced alike.
+PROGRAMS = Programs(unit="rows", size=_elementwise_size,
+                    args=lambda a, index: {n: rows(v, index) if isinstance(v, torch.Tensor) else v for n, v in a.items()},
+                    tensor=rows)
 
 
 def elementwise_errors(names: tuple[str, ...], raw: bool) -> Callable[[], list[ErrorInput]]:

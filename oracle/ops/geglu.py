@@ -20,7 +20,8 @@ from ..reference import mirrors
 from ..specs import ErrorInput, OpSpec, compute_dtype, layout_last_two, rounding_error, unit_roundoff, wide
 from ..workload import Bench, Workload, compiled, randn_cuda
 from .elementwise import (elementwise_args, elementwise_cases, elementwise_errors, elementwise_stratified,
-                          elementwise_sweep, lora_backward, raw_backward_into_buffers, raw_forward)
+                          elementwise_scale, elementwise_sweep, lora_backward, raw_backward_into_buffers, raw_forward,
+                          PROGRAMS)
 
 APPROXIMATIONS = ("tanh", "none")  # GemmaMLP's gelu_pytorch_tanh, and the exact (erf) GeLU
 _BETA = math.sqrt(2 / math.pi)
@@ -177,6 +178,7 @@ GEGLU = OpSpec(
     stratified=elementwise_stratified("geglu", autograd=True, variants=APPROXIMATIONS),
     make_args=elementwise_args(("e", "g"), _approximation), layout_args=("e", "g"), layout_of=layout_last_two,
     sweep=elementwise_sweep("geglu", autograd=True, variants=APPROXIMATIONS),
+    scale=elementwise_scale("geglu", APPROXIMATIONS), programs=PROGRAMS,
     float64_cases=tuple(Case("geglu", approximate, "float64", {"shape": [3, 7]}, "transposed", "normal", {}, seed=1)
                         for approximate in APPROXIMATIONS),
     error_inputs=_geglu_errors, noise=_noise(None), bench=BENCH,
@@ -198,7 +200,7 @@ def _raw_specs(approximate: str, kind: str) -> tuple[OpSpec, OpSpec]:
         cases=lambda budget, dtypes=C.FLOAT_DTYPES: elementwise_cases(budget, fwd_name, False, dtypes),
         stratified=elementwise_stratified(fwd_name, autograd=False),
         make_args=elementwise_args(("e", "g")), layout_args=(), layout_of=layout_last_two,
-        sweep=elementwise_sweep(fwd_name, autograd=False),
+        sweep=elementwise_sweep(fwd_name, autograd=False), scale=elementwise_scale(fwd_name), programs=PROGRAMS,
         float64_cases=(Case(fwd_name, "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers", {}, seed=1),),
         error_inputs=elementwise_errors(("e", "g"), raw=True), noise={"h": noise["h"]}, hf=raw_forward(forward),
     )
@@ -210,7 +212,8 @@ def _raw_specs(approximate: str, kind: str) -> tuple[OpSpec, OpSpec]:
         cases=lambda budget, dtypes=C.FLOAT_DTYPES: elementwise_cases(budget, bwd_name, False, dtypes),
         stratified=elementwise_stratified(bwd_name, autograd=False),
         make_args=elementwise_args(("DW", "e", "g")), layout_args=(), layout_of=layout_last_two,
-        sweep=elementwise_sweep(bwd_name, autograd=False), buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"},
+        sweep=elementwise_sweep(bwd_name, autograd=False), scale=elementwise_scale(bwd_name), programs=PROGRAMS,
+        buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"},
         float64_cases=(Case(bwd_name, "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers", {}, seed=1),),
         error_inputs=elementwise_errors(("DW", "e", "g"), raw=True), noise=_raw_backward_noise(approximate),
         hf=raw_backward_into_buffers(backward),

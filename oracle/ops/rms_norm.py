@@ -16,7 +16,8 @@ from ..cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, MAX_COLUMNS, VALUE_KIN
                      eps_values, grad_layouts, is_long, layouts, leading_dims, long_counts, long_rows, n_cols, seeds,
                      value_kinds)
 from ..reference import mirrors
-from ..specs import (DTYPES, ErrorInput, OpSpec, compute_dtype, fill, generator, layout_last_two,
+from ..scale import chunks, rows
+from ..specs import (DTYPES, ErrorInput, OpSpec, Programs, compute_dtype, fill, generator, layout_last_two,
                      rounding_error, unit_roundoff, wide)
 from ..workload import Bench, Workload, compiled, randn_cuda
 
@@ -140,7 +141,7 @@ def _rms_norm_args(case: Case, device) -> dict:
 
 def _rms_norm_dW_terms(args: dict, upstream: dict) -> tuple[torch.Tensor, int]:
     """dW_j = sum over rows of dY_rj * normed_rj: sum of |terms| per column, and the row count."""
-    _, total, rows = _rms_norm_dW_magnitudes(_RmsNormParts(args, upstream))
+    _, total, rows = _rms_norm_dW_sums(args, upstream)
     return total, rows
 
 
@@ -169,17 +170,27 @@ class _RmsNormParts:
 
     def __init__(self, args: dict, upstream: dict):
         X, W = args["X"], args["W"]
-        self.gemma = bool(args["gemma"])
-        self.n = X.shape[-1]
-        self.u_x, self.u_c = unit_roundoff(X.dtype), unit_roundoff(compute_dtype(X.dtype))
+        self._constants(X, args)
         x, w = wide(X), wide(W)
         self.r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + args["eps"])
         self.normed = x * self.r
         self.scale = 1.0 + w if self.gemma else w
-        self.rho = self.u_c * (2 * math.sqrt(self.n) + 4)
-        self.rho_order = self.u_c * math.sqrt(self.n) / 2
         self.dy = wide(upstream["Y"]) if "Y" in upstream else None
         self.x_dtype, self.y_dtype = X.dtype, torch.promote_types(X.dtype, W.dtype)
+
+    def _constants(self, X: torch.Tensor, args: dict) -> None:
+        self.gemma = bool(args["gemma"])
+        self.n = X.shape[-1]
+        self.u_x, self.u_c = unit_roundoff(X.dtype), unit_roundoff(compute_dtype(X.dtype))
+        self.rho = self.u_c * (2 * math.sqrt(self.n) + 4)
+        self.rho_order = self.u_c * math.sqrt(self.n) / 2
+
+    @classmethod
+    def of_shape(cls, args: dict) -> _RmsNormParts:
+        """Only what depends on X's width and dtype (rho, u_c), without touching its values."""
+        parts = cls.__new__(cls)
+        parts._constants(args["X"], args)
+        return parts
 
 
 def _rms_norm_noise_Y(args: dict, upstream: dict) -> torch.Tensor:
@@ -222,29 +233,37 @@ def _rms_norm_order_dX(args: dict, upstream: dict) -> torch.Tensor:
     return p.rho_order * (first + second) + p.u_c * math.sqrt(p.n) * second
 
 
-def _rms_norm_dW_magnitudes(p: _RmsNormParts) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """dW_j = sum over rows of dY * normed: the |terms|, their column sums, and the row count."""
-    terms = (p.dy * p.normed).abs()
-    return terms, terms.reshape(-1, p.n).sum(0), terms.numel() // p.n
+def _rms_norm_dW_sums(args: dict, upstream: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """dW_j = sum over rows of dY * normed. Per column, the sum over rows of each term's rounding
+    (Llama: normed to X's dtype, then the product in Y's dtype; Gemma: the product in the compute
+    dtype) and of the |terms|; and the row count. Chunk by chunk of rows: a case at scale has 2^31
+    elements, whose float64 intermediates would not fit (oracle/scale.py)."""
+    n = args["X"].shape[-1]
+    X, dY = args["X"].reshape(-1, n), upstream["Y"].reshape(-1, n)
+    rounding = total = torch.zeros(n, dtype=torch.float64, device=X.device)
+    for index in chunks(X.shape[0], n):
+        p = _RmsNormParts(args | {"X": X[index.to(X.device)]}, {"Y": dY[index.to(X.device)]})
+        terms = (p.dy * p.normed).abs()
+        if p.gemma:
+            per_term = 2 * p.u_c * terms
+        else:
+            per_term = p.dy.abs() * rounding_error(p.normed.abs(), p.x_dtype) + rounding_error(terms, p.y_dtype)
+        rounding, total = rounding + per_term.sum(0), total + terms.sum(0)
+    return rounding, total, X.shape[0]
 
 
 def _rms_norm_noise_dW(args: dict, upstream: dict) -> torch.Tensor:
-    """dW_j = sum over rows of dY * normed: each term's rounding (Llama: normed to X's dtype, then the
-    product in Y's dtype; Gemma: the product in the compute dtype), 1/rms's relative error, and the
+    """dW_j = sum over rows of dY * normed: each term's rounding, 1/rms's relative error, and the
     sum's noise (2 sqrt(m) u_c for m rows in any order), summed over the rows."""
-    p = _RmsNormParts(args, upstream)
-    terms, total, rows = _rms_norm_dW_magnitudes(p)
-    if p.gemma:
-        per_term = 2 * p.u_c * terms
-    else:
-        per_term = p.dy.abs() * rounding_error(p.normed.abs(), p.x_dtype) + rounding_error(terms, p.y_dtype)
-    return per_term.reshape(-1, p.n).sum(0) + (p.rho + 2 * math.sqrt(rows) * p.u_c) * total
+    p = _RmsNormParts.of_shape(args)
+    rounding, total, rows = _rms_norm_dW_sums(args, upstream)
+    return rounding + (p.rho + 2 * math.sqrt(rows) * p.u_c) * total
 
 
 def _rms_norm_order_dW(args: dict, upstream: dict) -> torch.Tensor:
     """Each row's 1/rms order noise, and the column sum's own (sqrt(m) u_c)."""
-    p = _RmsNormParts(args, upstream)
-    _, total, rows = _rms_norm_dW_magnitudes(p)
+    p = _RmsNormParts.of_shape(args)
+    _, total, rows = _rms_norm_dW_sums(args, upstream)
     return (p.rho_order + math.sqrt(rows) * p.u_c) * total
 
 
@@ -269,6 +288,42 @@ def _rms_norm_sweep(full: bool) -> list[Case]:
             out.append(Case("rms_norm", variant, dtype, {"lead": [4100 if full else 300], "cols": 16}, "contiguous",
                             "normal", {"eps": 1e-6, "weight": "same"}, seed=len(out), grad_layout="broadcast"))
     return out
+
+
+# (columns, rows) at production scale: Qwen3's per-head q/k norm (128) to past Llama-3-70B's hidden
+# size, at 16k to 128k rows; 16384 and 65536 columns just past 2^31 elements in 16-bit, where a
+# 32-bit element offset wraps. float32 stops at 2^30: the harness holds about fifteen copies of a
+# case's tensors (guards, snapshots, leaves, the residual branch), 130 GB at 2^31 float32 elements.
+_SCALE_SHAPES = ((128, 16384), (128, 131072), (256, 16384), (256, 131072), (2048, 131072), (4096, 16384),
+                 (4096, 131072), (8192, 65536), (16384, 131073), (65536, 32769))
+
+
+def _rms_norm_scale() -> list[Case]:
+    out = []
+    for variant in ("llama", "gemma"):
+        for dtype in C.FLOAT_DTYPES:
+            for cols, n_rows in _SCALE_SHAPES:
+                if dtype == "float32" and n_rows * cols > 2**31:
+                    n_rows = 2**30 // cols
+                # the widest 16-bit case also strided: row starts past 2^31 elements into the buffer
+                layout = "strided" if (cols == 16384 and dtype != "float32") else "contiguous"
+                out.append(Case("rms_norm", variant, dtype, {"lead": [n_rows], "cols": cols}, layout, "normal",
+                                {"eps": 1e-6, "weight": "same"}, seed=len(out)))
+            # HF's column-major view, and a row-broadcast gradient, at 128k rows
+            out.append(Case("rms_norm", variant, dtype, {"lead": [131072], "cols": 2048}, "transposed", "normal",
+                            {"eps": 1e-6, "weight": "same"}, seed=len(out)))
+            out.append(Case("rms_norm", variant, dtype, {"lead": [131072], "cols": 256}, "contiguous", "normal",
+                            {"eps": 1e-6, "weight": "same"}, seed=len(out), grad_layout="broadcast"))
+    return out
+
+
+def _rms_norm_size(case: Case) -> tuple[int, int]:
+    rows = math.prod(case.dims["lead"])
+    return rows, rows * case.dims["cols"]
+
+
+PROGRAMS = Programs(unit="rows", size=_rms_norm_size, args=lambda a, index: a | {"X": rows(a["X"], index)},
+                    tensor=rows, summed=("dW",))
 
 
 def _rms_norm_errors() -> list[ErrorInput]:
@@ -424,6 +479,7 @@ RMS_NORM = OpSpec(
     reference=rms_norm, reference_reordered=rms_norm_reordered,
     cases=lambda budget, dtypes=C.FLOAT_DTYPES: rms_norm_cases(budget, dtypes), stratified=rms_norm_stratified,
     make_args=_rms_norm_args, layout_args=("X",), layout_of=layout_last_two, sweep=_rms_norm_sweep,
+    scale=_rms_norm_scale, programs=PROGRAMS,
     float64_cases=(Case("rms_norm", "llama", "float64", {"lead": [2, 3], "cols": 5}, "transposed", "normal",
                         {"eps": 1e-6, "weight": "same"}, seed=1),
                    Case("rms_norm", "gemma", "float64", {"lead": [3], "cols": 6}, "strided", "normal",

@@ -17,7 +17,7 @@ from ..cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering
                      grad_layouts, is_long, layouts, long_counts, long_rows, seeds)
 from ..memory import FUSE_HEADS
 from ..reference import mirrors
-from ..specs import (DTYPES, ErrorInput, OpSpec, fill, generator, layout_bshd, rounding_error, wide)
+from ..specs import (DTYPES, ErrorInput, OpSpec, Programs, fill, generator, layout_bshd, rounding_error, wide)
 from ..workload import Bench, Workload, compiled, randn_cuda
 
 
@@ -199,7 +199,10 @@ def _rope_args(case: Case, device) -> dict:
                               dtype=table_dtype, **_ROPE_SCALING[rope_type])
     positions = None
     if case.variant == "packed":
-        positions = packed_positions(d["batch"], d["seq"], generator(case, "position_ids")).to(device)
+        positions = packed_positions(d["batch"], d["seq"], generator(case, "position_ids"))
+        if case.params.get("first_row") == "one document":  # as long as the table: its last row is used
+            positions[0] = torch.arange(d["seq"])
+        positions = positions.to(device)
     return {"Q": Q, "K": K, "cos": cos.to(device), "sin": sin.to(device), "position_ids": positions}
 
 
@@ -252,6 +255,45 @@ def _rope_sweep(full: bool) -> list[Case]:
                             "contiguous", "normal", {"theta": 10000.0, "rope_type": "default", "table": "float32"},
                             seed=len(out), grad_layout="transposed"))
     return out
+
+
+def _rope_scale() -> list[Case]:
+    """128k-token sequences with tables of that length (Llama 3.1's context): Llama-3-8B's heads in
+    either storage, and Q past 2^31 elements in 16-bit (about 2^30 in float32: see rms_norm's
+    _SCALE_SHAPES). Packed rows come two to a batch, the first one document as long as the table,
+    so that positions reach its last row."""
+    out = []
+    for variant in ("plain", "packed"):
+        batch = 1 if variant == "plain" else 2
+        for dtype in C.FLOAT_DTYPES:
+            widest = (136 if dtype != "float32" else 56) // batch
+            for heads, kv_heads, layout in ((32, 8, "contiguous"), (32, 8, "transposed"), (widest, 8 // batch, "contiguous")):
+                params = {"theta": 500000.0, "rope_type": "default", "table": "float32"}
+                if variant == "packed":
+                    params["first_row"] = "one document"
+                out.append(Case("rope", variant, dtype, {"batch": batch, "heads": heads, "kv_heads": kv_heads,
+                                                         "seq": 131072, "head_dim": 128, "max_pos": 131072},
+                                layout, "normal", params, seed=len(out)))
+    return out
+
+
+def _rope_size(case: Case) -> tuple[int, int]:
+    d = case.dims
+    return d["seq"], d["batch"] * d["heads"] * d["seq"] * d["head_dim"]
+
+
+def _rope_tokens(args: dict, index: torch.Tensor) -> dict:
+    """The tokens ``index`` of every row: their own positions made explicit (without position_ids a
+    token's position is its index in the sequence, which the slice would lose)."""
+    Q, positions = args["Q"], args["position_ids"]
+    if positions is None:
+        positions = torch.arange(Q.shape[2], device=Q.device).expand(Q.shape[0], -1)
+    index = index.to(Q.device)
+    return args | {"Q": Q[:, :, index], "K": args["K"][:, :, index], "position_ids": positions[:, index]}
+
+
+PROGRAMS = Programs(unit="tokens", size=_rope_size, args=_rope_tokens,
+                    tensor=lambda t, index: t[:, :, index.to(t.device)])
 
 
 def _rope_errors() -> list[ErrorInput]:
@@ -476,6 +518,7 @@ ROPE = OpSpec(
     differentiable=("Q", "K"), reference=rope, reference_reordered=rope_reordered,
     cases=lambda budget, dtypes=C.FLOAT_DTYPES: rope_cases(budget, dtypes), stratified=rope_stratified,
     make_args=_rope_args, layout_args=("Q", "K"), layout_of=layout_bshd, sweep=_rope_sweep, fusion=FUSE_HEADS,
+    scale=_rope_scale, programs=PROGRAMS,
     float64_cases=tuple(Case("rope", variant, "float64", {"batch": 2, "heads": 3, "kv_heads": 1, "seq": 3, "head_dim": 6,
                                                           "max_pos": 8}, "transposed", "normal",
                              {"theta": 10000.0, "rope_type": "default", "table": "float32"}, seed=1)

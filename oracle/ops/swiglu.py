@@ -19,7 +19,8 @@ from ..specs import (OpSpec, compute_dtype, layout_last_two,
                      rounding_error, unit_roundoff, wide)
 from ..workload import Bench, Workload, compiled, randn_cuda
 from .elementwise import (elementwise_args, elementwise_cases, elementwise_errors, elementwise_stratified,
-                          elementwise_sweep, lora_backward, raw_backward_into_buffers, raw_forward)
+                          elementwise_scale, elementwise_sweep, lora_backward, raw_backward_into_buffers, raw_forward,
+                          PROGRAMS)
 
 
 # --- HF's maths -----------------------------------------------------------------------------------
@@ -155,7 +156,7 @@ SWIGLU = OpSpec(
     cases=lambda budget, dtypes=C.FLOAT_DTYPES: elementwise_cases(budget, "swiglu", True, dtypes),
     stratified=elementwise_stratified("swiglu", autograd=True),
     make_args=elementwise_args(("e", "g")), layout_args=("e", "g"), layout_of=layout_last_two,
-    sweep=elementwise_sweep("swiglu", autograd=True),
+    sweep=elementwise_sweep("swiglu", autograd=True), scale=elementwise_scale("swiglu"), programs=PROGRAMS,
     float64_cases=(Case("swiglu", "default", "float64", {"shape": [3, 7]}, "transposed", "normal", {}, seed=1),),
     error_inputs=elementwise_errors(("e", "g"), raw=False), noise=_SWIGLU_NOISE, liger=liger_swiglu, bench=BENCH,
 )
@@ -167,7 +168,8 @@ SWIGLU_FG = OpSpec(
     cases=lambda budget, dtypes=C.FLOAT_DTYPES: elementwise_cases(budget, "swiglu_fg_kernel", False, dtypes),
     stratified=elementwise_stratified("swiglu_fg_kernel", autograd=False),
     make_args=elementwise_args(("e", "g")), layout_args=(), layout_of=layout_last_two,
-    sweep=elementwise_sweep("swiglu_fg_kernel", autograd=False),
+    sweep=elementwise_sweep("swiglu_fg_kernel", autograd=False), scale=elementwise_scale("swiglu_fg_kernel"),
+    programs=PROGRAMS,
     float64_cases=(Case("swiglu_fg_kernel", "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers", {},
                         seed=1),),
     error_inputs=elementwise_errors(("e", "g"), raw=True),
@@ -183,6 +185,7 @@ SWIGLU_BACKWARD = OpSpec(
     stratified=elementwise_stratified("swiglu_DWf_DW_dfg_kernel", autograd=False),
     make_args=elementwise_args(("DW", "e", "g")), layout_args=(), layout_of=layout_last_two,
     sweep=elementwise_sweep("swiglu_DWf_DW_dfg_kernel", autograd=False),
+    scale=elementwise_scale("swiglu_DWf_DW_dfg_kernel"), programs=PROGRAMS,
     buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"},
     float64_cases=(Case("swiglu_DWf_DW_dfg_kernel", "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers",
                         {}, seed=1),),
