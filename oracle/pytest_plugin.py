@@ -10,7 +10,8 @@ torch, touches no hypothesis profile and changes nothing, and its fixtures fail 
 Active:
 
 - ``--impl NAME|module:attr`` picks the implementation the generic tests (oracle/suite/) judge,
-  ``--ops a,b`` restricts the ops asked of it. Before anything runs, the implementation is loaded
+  ``--ops a,b`` restricts the ops asked of it, ``--scale`` adds the scale grid (tests marked
+  ``scale``: the sizes people train at, one case at a time per GPU; deselected without it). Before anything runs, the implementation is loaded
   and must provide every op asked (oracle/impls.py, ``select``): an unimportable module, a typo in
   an op name or a missing op fails the session with the reason; ops it declares it lacks are
   skipped and listed at the end.
@@ -74,6 +75,8 @@ def pytest_addoption(parser):
                          "(default: the ini option oracle_impl; with neither, the plugin stays inactive)")
     group.addoption("--ops", default=None,
                     help="comma-separated ops to test (default: every op of the contract)")
+    group.addoption("--scale", action="store_true", default=False,
+                    help="also run the scale grid (tests marked scale; needs a CUDA GPU, minutes)")
     parser.addini("oracle_impl", "kernel-oracle: the implementation under test when --impl is not given", default="")
 
 
@@ -85,6 +88,7 @@ def _asked(config) -> str | None:
 @pytest.hookimpl(tryfirst=True)  # the profile first: hypothesis's own configure applies --hypothesis-profile over it
 def pytest_configure(config):
     """Load the implementation asked and settle the ops asked of it, or fail the session before collection."""
+    config.addinivalue_line("markers", "scale: the scale grid, the sizes people train at (opt in with --scale)")
     config.oracle_impl_name = config.getoption("--impl") or config.getini("oracle_impl") or None
     name = _asked(config)
     if name is None:
@@ -127,7 +131,13 @@ def _loaded_profile() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip, with the reason, the generic tests of ops the run does not ask for."""
+    """Deselect the scale grid unless --scale asks for it; skip, with the reason, the generic tests
+    of ops the run does not ask for."""
+    if not config.getoption("--scale"):
+        kept = [item for item in items if item.get_closest_marker("scale") is None]
+        if len(kept) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("scale")])
+            items[:] = kept
     if _asked(config) is None:
         return
     from oracle.impls import load

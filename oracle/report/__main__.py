@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..cases import FLOAT_DTYPES
+from ..devices import native_gpu
 from ..environment import environment, platform_key, write_json_atomic, write_text_atomic
 from ..impls import ImplementationUnavailable, load
 from ..ops import SPECS
@@ -33,6 +34,8 @@ def parse(argv):
     parser = argparse.ArgumentParser(prog="python -m oracle.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--impl", default="kernels", help="kernels (default), hf, compile, liger or package.module:attr")
     parser.add_argument("--full", action="store_true", help="the large grid (meant for a GPU)")
+    parser.add_argument("--scale", action="store_true",
+                        help="add the scale grid: the sizes people train at, up to 2^31 elements (needs a CUDA GPU)")
     parser.add_argument("--ops", nargs="+", choices=sorted(SPECS), help="only these ops")
     parser.add_argument("--dtypes", nargs="+", choices=FLOAT_DTYPES, help="only these dtypes")
     parser.add_argument("--variants", nargs="+", help="only these variants (llama, gemma, plain, packed, default)")
@@ -62,7 +65,11 @@ def main(argv=None) -> int:
             ops = implementation.select(args.ops)
             not_tested = {op: why for op, why in implementation.declared_lacking().items()
                           if implementation.op(op) is None}
-        tasks = None if stored else sweep.plan(args.full, ops, args.dtypes, args.variants, checks=not args.no_checks)
+        if args.scale and not stored and not native_gpu():
+            raise ValueError("--scale needs a CUDA GPU: its cases hold up to 2^31 elements, days of work for "
+                             "Triton's interpreter")
+        tasks = None if stored else sweep.plan(args.full, ops, args.dtypes, args.variants, checks=not args.no_checks,
+                                               at_scale=args.scale)
         # --baseline names the run to compare with, and with --update-baseline also where to write;
         # a baseline about to be written for the first time has nothing to compare with yet.
         wanted = args.gate or (args.baseline and not args.update_baseline) or \
@@ -141,7 +148,8 @@ def sweep_now(args, tasks: list, console) -> dict:
         answers = sweep.run(tasks, args.impl, devices,
                             on_answer=lambda task, answer: progress.update(bar, advance=1,
                                                                            description=f"{args.impl}: {task.label}"))
-    return results.build(tasks, answers, args.impl, args.full, environment(), time.perf_counter() - start)
+    return results.build(tasks, answers, args.impl, sweep.grid_name(args.full, args.scale), environment(),
+                         time.perf_counter() - start)
 
 
 if __name__ == "__main__":

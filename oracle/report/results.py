@@ -28,7 +28,7 @@ def cell_keys(tasks: list[Task]) -> set[str]:
             for tensor in SPECS[task.case.op].compared()}
 
 
-def build(tasks: list[Task], answers: dict[int, dict], impl: str, full: bool, environment: dict,
+def build(tasks: list[Task], answers: dict[int, dict], impl: str, grid: str, environment: dict,
           seconds: float) -> dict:
     cells, cases, checks = [], [], []
     for task in tasks:
@@ -60,7 +60,7 @@ def build(tasks: list[Task], answers: dict[int, dict], impl: str, full: bool, en
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "impl": impl,
-        "sweep": "full" if full else "quick",
+        "sweep": grid,  # sweep.grid_name
         "seconds": seconds,
         "environment": environment,
         "summary": summarize(cells, checks, cases),

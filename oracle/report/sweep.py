@@ -1,8 +1,9 @@
 """The report's sweep: which cases and checks run, and a pool of worker processes that runs them.
 
 The grid is each spec's fixed, seeded ``sweep(full)`` (specs.py), so two runs of the same code on
-the same platform compare cell by cell. The aliasing checks run on one case per op and dtype (the
-smallest of the grid), since each check needs graphs of its own.
+the same platform compare cell by cell; ``--scale`` adds each spec's scale grid (the sizes people
+train at, oracle/scale.py). The aliasing checks run on one case per op and dtype (the smallest of
+the grid, never one of the scale grid), since each check needs graphs of its own.
 
 Workers are subprocesses (oracle/report/worker.py): a crash kills one worker, not the run. The
 task it was running is recorded as a crash with its repro command, and a fresh worker takes over.
@@ -22,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .. import aliasing
+from .. import aliasing, scale
 from ..cases import Case
 from ..engine import repro_command
 from ..ops import SPECS
@@ -56,15 +57,25 @@ class Task:
         return f"{self.case.op} {self.case.dtype}" + (f" [{self.check}]" if self.check else "")
 
 
+def grid_name(full: bool, at_scale: bool) -> str:
+    """The document's ``sweep``: which grid ran ("quick", "full", "full+scale", ...)."""
+    return ("full" if full else "quick") + ("+scale" if at_scale else "")
+
+
 def plan(full: bool, ops: list[str] | None = None, dtypes: list[str] | None = None,
-         variants: list[str] | None = None, checks: bool = True) -> list[Task]:
+         variants: list[str] | None = None, checks: bool = True, at_scale: bool = False) -> list[Task]:
     tasks: list[Task] = []
     for name, spec in SPECS.items():
         if ops is not None and name not in ops:
             continue
-        cases = [c for c in spec.sweep(full)
-                 if (not dtypes or c.dtype in dtypes) and (not variants or c.variant in variants)]
+
+        def wanted(c):
+            return (not dtypes or c.dtype in dtypes) and (not variants or c.variant in variants)
+
+        cases = [c for c in spec.sweep(full) if wanted(c)]
         tasks += [Task(len(tasks) + i, "case", case) for i, case in enumerate(cases)]
+        if at_scale:
+            tasks += [Task(len(tasks) + i, "case", case) for i, case in enumerate(filter(wanted, spec.scale()))]
         if not checks:
             continue
         for dtype in dict.fromkeys(c.dtype for c in cases):
@@ -75,6 +86,19 @@ def plan(full: bool, ops: list[str] | None = None, dtypes: list[str] | None = No
             for check in aliasing.applicable(spec):
                 tasks.append(Task(len(tasks), "check", smallest, check))
     return tasks
+
+
+def _next_task(queues) -> Task | None:
+    for todo in queues:
+        try:
+            return todo.get_nowait()
+        except queue.Empty:
+            continue
+    return None
+
+
+def _at_scale(task: Task) -> bool:
+    return task.kind == "case" and scale.judged_on_a_slice(SPECS[task.case.op], task.case)
 
 
 def _size(case: Case) -> int:
@@ -153,19 +177,20 @@ def crash_answer(task: Task, impl: str, notice: str) -> dict:
 def run(tasks: list[Task], impl: str, devices: list[str | None],
         on_answer: Callable[[Task, dict], None] | None = None) -> dict[int, dict]:
     """Run every task on a pool of workers; answers by task id (a crash never loses the others)."""
-    todo: queue.Queue = queue.Queue()
+    # Cases at scale take their GPU one at a time (scale.one_at_a_time): the first worker of each GPU
+    # works through them first while the others run the small cases, then all take what is left.
+    at_scale, small = queue.Queue(), queue.Queue()
     for task in tasks:
-        todo.put(task)
+        (at_scale if _at_scale(task) else small).put(task)
     answers: dict[int, dict] = {}
     lock = threading.Lock()
     threads_each = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
 
-    def serve(device):
+    def serve(device, queues):
         worker = _Worker(impl, device, threads_each)
         while True:
-            try:
-                task = todo.get_nowait()
-            except queue.Empty:
+            task = _next_task(queues)
+            if task is None:
                 break
             answer = worker.ask(task)
             if answer is None:
@@ -177,7 +202,10 @@ def run(tasks: list[Task], impl: str, devices: list[str | None],
                     on_answer(task, answer)
         worker.stop()
 
-    threads = [threading.Thread(target=serve, args=(device,), daemon=True) for device in devices[:max(1, len(tasks))]]
+    chosen = devices[:max(1, len(tasks))]
+    firsts = {chosen.index(device) for device in chosen}  # each device's first worker
+    threads = [threading.Thread(target=serve, args=(device, (at_scale, small) if i in firsts else (small, at_scale)),
+                                daemon=True) for i, device in enumerate(chosen)]
     for thread in threads:
         thread.start()
     for thread in threads:

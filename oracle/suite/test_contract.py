@@ -112,5 +112,20 @@ def test_float64(case, impl, device, asked_ops):
     assert torch.autograd.gradcheck(fn, leaves, fast_mode=True)
 
 
+SCALE_CASES = [pytest.param(case, id=case.label, marks=pytest.mark.scale)
+               for spec in SPECS.values() for case in spec.scale()]
+
+
+@pytest.mark.parametrize("case", SCALE_CASES)
+def test_at_scale(case, impl, device, asked_ops):
+    """The scale grid: the sizes people train at, up to 2^31 elements, judged against HF and the
+    truth on a slice of each case's programs (oracle/scale.py). Opt in with --scale, on a GPU."""
+    _require_op(impl, SPECS[case.op], asked_ops)
+    if device.type != "cuda":
+        pytest.skip("the scale grid needs a CUDA GPU: up to 2^31 elements per case")
+    result = run_case(case.op, case, impl, device)
+    assert result.passed, result.explain()
+
+
 # The tests, and only they: what tests/test_ops.py's star import takes.
 __all__ = [name for name in list(globals()) if name.startswith("test_")]
