@@ -5,6 +5,7 @@
 #   bash scripts/h200.sh report liger-report bench
 #   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
 #   bash scripts/h200.sh unsloth-tests unsloth-report   # .whl holds unsloth and unsloth_zoo 2026.10.9
+#   bash scripts/h200.sh scale sanitize                 # the full sweep + scale grid as the baseline; compute-sanitizer
 # With several GPUs, `monitor` logs each GPU's utilisation and memory every 2 s until the call ends.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -59,6 +60,22 @@ for step in "$@"; do
         2>&1 | tee "$OUT/report-h200.log" | tail -30;;
     position-check)
       timeout 120 python3 -m oracle.bench --position-check 2>&1 | tee "$OUT/position-check-h200.log" | tail -20;;
+    scale)  # the full sweep and the scale grid in one run, as a baseline (results.baseline_view of the JSON)
+      timeout ${SCALE_TIMEOUT:-560} python3 -m oracle.report --full --scale --json "$OUT/drift-h200.json" \
+        --html "$OUT/drift-h200.html" --update-baseline --baseline "$OUT/baseline-cuda-NVIDIA-H200.json" 2>&1 \
+        | tee "$OUT/report-scale-h200.log" | tail -60;;
+    scale-probe)  # the scale grid of a few ops, no checks: time and memory per case at scale
+      timeout ${SCALE_TIMEOUT:-300} python3 -m oracle.report --scale --no-checks --ops ${SCALE_OPS:-rms_norm rope swiglu} \
+        --dtypes ${SCALE_DTYPES:-bfloat16} --json "$OUT/drift-scale-probe.json" --html /tmp/probe.html 2>&1 \
+        | tee "$OUT/report-scale-probe.log" | tail -40;;
+    scale-tests)  # the scale grid through pytest, opt-in (--scale), as GPU CI runs it nightly
+      CI=true timeout ${TESTS_TIMEOUT:-560} python3 -m pytest -n auto -q -p no:cacheprovider --scale -m scale tests/test_ops.py \
+        2>&1 | tee "$OUT/pytest-scale-h200.log" | tail -25;;
+    sanitize)  # compute-sanitizer's four tools on every op of the kernels, then on two broken kernels
+      (time python3 -m oracle.sanitize --impl kernels) 2>&1 | tee "$OUT/sanitize-kernels-h200.log" | tail -50
+      for bug in unmasked_tail_store unmasked_tail_load; do
+        python3 -m oracle.sanitize --impl tests.broken_gpu_kernels:$bug --ops swiglu_fg_kernel --tools memcheck
+      done 2>&1 | tee "$OUT/sanitize-broken-h200.log" | tail -20;;
     report)
       timeout 400 python3 -m oracle.report --full --json "$OUT/drift-h200.json" --html "$OUT/drift-h200.html" \
         --update-baseline --baseline "$OUT/baseline-cuda-NVIDIA-H200.json" 2>&1 | tee "$OUT/report-h200.log" | tail -30;;
