@@ -94,18 +94,24 @@ class GuardedTensor:
         self.tensor = self.buffer.as_strided(shape, strides, self.start)
         if fill_nan and dtype.is_floating_point:
             self.tensor.fill_(float("nan"))
-        owned = torch.zeros(self.buffer.numel(), dtype=torch.bool, device=device)
-        owned.as_strided(shape, strides, self.start).fill_(True)
-        self.outside = ~owned
-        self._expected = bits(self.buffer)[self.outside].clone()
+        self._shape, self._strides = shape, strides
+        self._expected = bits(self.buffer)[self._outside()].clone()
+
+    def _outside(self) -> torch.Tensor:
+        """Which elements of the buffer are not the view's. Made when needed, not kept: a byte per
+        element, 2 GiB for a case at scale (oracle/scale.py)."""
+        owned = torch.zeros(self.buffer.numel(), dtype=torch.bool, device=self.buffer.device)
+        owned.as_strided(self._shape, self._strides, self.start).fill_(True)
+        return owned.logical_not_()
 
     def corruption(self) -> list[dict]:
         """Positions outside the view whose sentinel changed: [{'position', 'expected', 'found'}], first 5."""
-        found = bits(self.buffer)[self.outside]
+        outside = self._outside()
+        found = bits(self.buffer)[outside]
         changed = (found != self._expected).nonzero().flatten()
         if not changed.numel():
             return []
-        where = self.outside.nonzero().flatten()[changed[:5]]
+        where = outside.nonzero().flatten()[changed[:5]]
         return [{"position": int(p) - self.start, "expected": int(e), "found": int(f)}
                 for p, e, f in zip(where.tolist(), self._expected[changed[:5]].tolist(), found[changed[:5]].tolist())]
 
