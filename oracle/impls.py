@@ -31,6 +31,8 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -177,9 +179,6 @@ def load(name: str) -> Implementation:
     if ":" not in name:
         raise ValueError(f"unknown implementation {name!r}: use one of {', '.join(BUILTIN)} or package.module:attr")
     module_name, attr = name.split(":", 1)
-    import os
-    import sys
-
     # A module in the working directory is importable, as under ``python -m``: plain ``pytest``
     # does not put the directory on sys.path, and an author's implementation usually lives there.
     if os.getcwd() not in sys.path:

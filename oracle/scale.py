@@ -37,6 +37,7 @@ import torch
 from .cases import Case
 
 AT_SCALE_ELEMENTS = 2**26  # past it, a tensor is made on the device and its case judged on a slice
+EXCLUSIVE_ELEMENTS = 2**24  # past it, a case has its GPU to itself (one_at_a_time)
 SLICE_ELEMENTS = 2**24  # the slice's size, in elements of the case's largest tensor
 NEAR = 4  # programs taken on each side of a boundary
 FIRST_BOUNDARY = 2**12
@@ -49,6 +50,12 @@ def largest_tensor(spec, case: Case) -> int:
 
 def judged_on_a_slice(spec, case: Case) -> bool:
     return largest_tensor(spec, case) > AT_SCALE_ELEMENTS
+
+
+def needs_the_gpu_alone(spec, case: Case) -> bool:
+    """Cases at scale, and those judged whole just below it (up to 2^26 elements, a float64 truth of
+    several GB per tensor): two of them, or one beside a dozen pytest workers, can exhaust a GPU."""
+    return largest_tensor(spec, case) > EXCLUSIVE_ELEMENTS
 
 
 def compared_programs(count: int, per_program: int, seed: int) -> torch.Tensor:
@@ -94,11 +101,11 @@ def describe_slice(spec, compared: int, count: int) -> str:
 
 @contextlib.contextmanager
 def one_at_a_time(spec, case: Case, device):
-    """Around a case at scale on a GPU: hold that GPU's lock (a file lock, so that pytest-xdist
-    workers and report workers on one GPU queue up: two such cases need more memory than it has),
-    and hand the memory back to the driver afterwards for the next process."""
+    """Around a large case on a GPU (needs_the_gpu_alone): hold that GPU's lock (a file lock, so that
+    pytest-xdist workers and report workers on one GPU queue up), and hand the memory back to the
+    driver afterwards for the next process."""
     device = torch.device(device)
-    if device.type != "cuda" or not judged_on_a_slice(spec, case):
+    if device.type != "cuda" or not needs_the_gpu_alone(spec, case):
         yield
         return
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -220,6 +220,7 @@ def test_pytest_deselects_the_scale_grid_unless_asked():
 
 
 @pytest.mark.gpu
+@pytest.mark.scale  # opt in with --scale: a 2^31-element case beside a GPU run's other workers can exhaust the GPU
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the scale grid needs a CUDA GPU")
 def test_the_committed_h200_gate_fails_a_regression_that_exists_only_at_scale(tmp_path):
     """Against the committed H200 baseline (full grid + scale grid, the kernels): the kernels pass

@@ -1,6 +1,6 @@
 """``python -m oracle.report``: sweep every spec x variant x dtype over a fixed, seeded grid of
-shapes and layouts for ``--impl``, then print a summary table and write the JSON and the HTML
-dashboard. ``--baseline``/``--gate``/``--update-baseline`` compare with, gate on, or write the
+shapes and layouts for ``--impl`` (``--scale`` adds the scale grid, on a GPU), then print a summary
+table and write the JSON and the HTML dashboard. ``--baseline``/``--gate``/``--update-baseline`` compare with, gate on, or write the
 stored baseline of this platform (reports/baseline-<platform>.json).
 
 Exit status: 0 done (no regression under --gate), 1 a regression under --gate and nothing else, 2

@@ -97,8 +97,8 @@ def _next_task(queues) -> Task | None:
     return None
 
 
-def _at_scale(task: Task) -> bool:
-    return task.kind == "case" and scale.judged_on_a_slice(SPECS[task.case.op], task.case)
+def _needs_the_gpu_alone(task: Task) -> bool:
+    return task.kind == "case" and scale.needs_the_gpu_alone(SPECS[task.case.op], task.case)
 
 
 def _size(case: Case) -> int:
@@ -177,11 +177,11 @@ def crash_answer(task: Task, impl: str, notice: str) -> dict:
 def run(tasks: list[Task], impl: str, devices: list[str | None],
         on_answer: Callable[[Task, dict], None] | None = None) -> dict[int, dict]:
     """Run every task on a pool of workers; answers by task id (a crash never loses the others)."""
-    # Cases at scale take their GPU one at a time (scale.one_at_a_time): the first worker of each GPU
+    # Large cases take their GPU one at a time (scale.one_at_a_time): the first worker of each GPU
     # works through them first while the others run the small cases, then all take what is left.
-    at_scale, small = queue.Queue(), queue.Queue()
+    large, small = queue.Queue(), queue.Queue()
     for task in tasks:
-        (at_scale if _at_scale(task) else small).put(task)
+        (large if _needs_the_gpu_alone(task) else small).put(task)
     answers: dict[int, dict] = {}
     lock = threading.Lock()
     threads_each = max(1, (os.cpu_count() or 1) // max(1, len(devices)))
@@ -204,7 +204,7 @@ def run(tasks: list[Task], impl: str, devices: list[str | None],
 
     chosen = devices[:max(1, len(tasks))]
     firsts = {chosen.index(device) for device in chosen}  # each device's first worker
-    threads = [threading.Thread(target=serve, args=(device, (at_scale, small) if i in firsts else (small, at_scale)),
+    threads = [threading.Thread(target=serve, args=(device, (large, small) if i in firsts else (small, large)),
                                 daemon=True) for i, device in enumerate(chosen)]
     for thread in threads:
         thread.start()
