@@ -27,8 +27,9 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._launch import TL_COMPUTE, device_index, program_slots, row_block
+from ._launch import TL_COMPUTE, device_index, program_slots
 from ._layout import rows_addressable
+from ._rms_norm_configs import Config, lookup
 from ._runtime import launching
 
 
@@ -46,37 +47,114 @@ def _rms_norm_forward_kernel(
     X_ptr, X_s0, X_s1, X_s2, X_col_stride,  # input rows, addressed through the leading dims
     W_ptr, W_col_stride,  # weight (n_cols,)
     inv_var_ptr,  # (n_rows,) 1/sqrt(mean(x^2) + eps), saved for backward
-    n_cols, L1, L2,
+    n_rows, n_cols, L1, L2,
     eps_hi,  # eps rounded to fp32 ...
     eps_lo,  # ... and what that rounding lost, added back when computing in fp64
     GEMMA: tl.constexpr,
     COMPUTE: tl.constexpr,  # tl.float32, or tl.float64 for float64 inputs
+    ROWS: tl.constexpr,  # whole rows per program, as one 2-D block
     BLOCK_SIZE: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < n_rows
     cols = tl.arange(0, BLOCK_SIZE).to(tl.int64)  # 64-bit addressing (also skips the interpreter's int32 overflow checks)
-    mask = cols < n_cols
-    x_dtype = X_ptr.dtype.element_ty
+    col_mask = cols < n_cols
+    mask = row_mask[:, None] & col_mask[None, :]
 
-    # Load the row and the weight, upcast: no arithmetic ever happens in bf16/fp16.
-    x_start = _row_offsets(row, L1, L2, X_s0, X_s1, X_s2)
-    x = tl.load(X_ptr + x_start + cols * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
-    w = tl.load(W_ptr + cols * W_col_stride, mask=mask, other=0.0).to(COMPUTE)
+    # Load the rows and the weight, upcast: no arithmetic ever happens in bf16/fp16.
+    x_start = _row_offsets(rows, L1, L2, X_s0, X_s1, X_s2)
+    x = tl.load(X_ptr + x_start[:, None] + cols[None, :] * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
+    w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
 
     # Row statistic; padding lanes hold 0 and add nothing to the sum.
-    var = tl.sum(x * x, axis=0) / n_cols
+    inv_var = _inv_rms(tl.sum(x * x, axis=1), n_cols, eps_hi, eps_lo, COMPUTE)
+    tl.store(inv_var_ptr + rows, inv_var, mask=row_mask)
+
+    y = _scaled(x * inv_var[:, None], w[None, :], X_ptr.dtype.element_ty, GEMMA, COMPUTE)
+    tl.store(Y_ptr + rows[:, None] * n_cols + cols[None, :], y, mask=mask)
+
+
+@triton.jit
+def _rms_norm_forward_looped_kernel(
+    Y_ptr, X_ptr, X_s0, X_s1, X_s2, X_col_stride, W_ptr, W_col_stride, inv_var_ptr,  # as above
+    n_rows, n_cols, L1, L2, eps_hi, eps_lo,
+    GEMMA: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    CHUNK: tl.constexpr,  # columns per step
+):
+    # Persistent: few rows are in flight at once, so the second sweep finds its row in L2.
+    for program_row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row = tl.cast(program_row, tl.int64)
+        x_row = X_ptr + _row_offsets(row, L1, L2, X_s0, X_s1, X_s2)
+        squares = tl.zeros([CHUNK], dtype=COMPUTE)
+        for start in tl.range(0, n_cols, CHUNK):
+            cols = start + tl.arange(0, CHUNK).to(tl.int64)
+            x = tl.load(x_row + cols * X_col_stride, mask=cols < n_cols, other=0.0).to(COMPUTE)
+            squares += x * x
+        inv_var = _inv_rms(tl.sum(squares, axis=0), n_cols, eps_hi, eps_lo, COMPUTE)
+        tl.store(inv_var_ptr + row, inv_var)
+        for start in tl.range(0, n_cols, CHUNK):
+            cols = start + tl.arange(0, CHUNK).to(tl.int64)
+            mask = cols < n_cols
+            x = tl.load(x_row + cols * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
+            w = tl.load(W_ptr + cols * W_col_stride, mask=mask, other=0.0).to(COMPUTE)
+            y = _scaled(x * inv_var, w, X_ptr.dtype.element_ty, GEMMA, COMPUTE)
+            tl.store(Y_ptr + row * n_cols + cols, y, mask=mask)
+
+
+@triton.jit
+def _inv_rms(sum_of_squares, n_cols, eps_hi, eps_lo, COMPUTE: tl.constexpr):
+    var = sum_of_squares / n_cols
     if COMPUTE == tl.float64:
         var = var + eps_lo
-    inv_var = tl.rsqrt(var + eps_hi)
-    tl.store(inv_var_ptr + row, inv_var)
+    return tl.rsqrt(var + eps_hi)
 
-    # Scale, in HF's cast order.
-    normed = x * inv_var
+
+@triton.jit
+def _scaled(normed, w, x_dtype: tl.constexpr, GEMMA: tl.constexpr, COMPUTE: tl.constexpr):
+    """The output in HF's cast order: Gemma scales by (1 + w) in fp32; Llama rounds normed to x's
+    dtype first, then multiplies by w."""
     if GEMMA:
-        y = normed * (1.0 + w)
-    else:
-        y = normed.to(x_dtype).to(COMPUTE) * w
-    tl.store(Y_ptr + row * n_cols + cols, y, mask=mask)
+        return normed * (1.0 + w)
+    return normed.to(x_dtype).to(COMPUTE) * w
+
+
+@triton.jit
+def _rms_norm_row_dot_kernel(
+    mean_ptr,  # (n_rows,) COMPUTE: sum(g * normed) / n_cols per row, for the "split" backward
+    dY_ptr, dY_s0, dY_s1, dY_s2, dY_col_stride,
+    X_ptr, X_s0, X_s1, X_s2, X_col_stride,
+    W_ptr, W_col_stride,
+    inv_var_ptr,
+    n_cols, L1, L2,
+    GEMMA: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X_ptr + _row_offsets(row, L1, L2, X_s0, X_s1, X_s2)
+    dy_row = dY_ptr + _row_offsets(row, L1, L2, dY_s0, dY_s1, dY_s2)
+    inv_var = tl.load(inv_var_ptr + row)
+    acc = tl.zeros([CHUNK], dtype=COMPUTE)
+    for start in tl.range(0, n_cols, CHUNK):
+        cols = start + tl.arange(0, CHUNK).to(tl.int64)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
+        dy = tl.load(dy_row + cols * dY_col_stride, mask=mask, other=0.0).to(COMPUTE)
+        w = tl.load(W_ptr + cols * W_col_stride, mask=mask, other=0.0).to(COMPUTE)
+        if GEMMA:
+            w = 1.0 + w
+        acc += _normed_gradient(dy, w, X_ptr.dtype.element_ty, GEMMA, COMPUTE) * (x * inv_var)
+    tl.store(mean_ptr + row, tl.sum(acc, axis=0) / n_cols)
+
+
+@triton.jit
+def _normed_gradient(dy, w, x_dtype: tl.constexpr, GEMMA: tl.constexpr, COMPUTE: tl.constexpr):
+    """g, the gradient reaching ``normed`` (Gemma's w is already 1 + W): HF's autograd rounds Llama's
+    to x's dtype."""
+    if GEMMA:
+        return dy * w
+    return (dy * w).to(x_dtype).to(COMPUTE)
 
 
 @triton.jit
@@ -86,19 +164,21 @@ def _rms_norm_backward_kernel(
     X_ptr, X_s0, X_s1, X_s2, X_col_stride,  # forward input
     W_ptr, W_col_stride,
     inv_var_ptr,  # saved by forward
-    dW_partial_ptr,  # (n_programs, n_cols) COMPUTE: this program's sum of dY * normed
+    mean_ptr,  # SPLIT only: each row's sum(g * normed) / n_cols, from _rms_norm_row_dot_kernel
+    dW_partial_ptr,  # (n_programs along axis 0, n_cols) COMPUTE: this program's sum of dY * normed
     n_rows, n_cols, L1, L2,
     rows_per_program,  # each program owns rows [pid * rows_per_program, ... + rows_per_program)
     GEMMA: tl.constexpr,
     COMPUTE: tl.constexpr,
+    SPLIT: tl.constexpr,  # columns split over axis 1 of the grid, BLOCK_SIZE each ("split" path)
     ROWS: tl.constexpr,  # rows handled per loop step, as one 2-D block
-    BLOCK_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # the whole row, or one chunk of it (SPLIT)
     NUM_STAGES: tl.constexpr,  # loop iterations whose loads are in flight at once (software pipelining)
 ):
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * rows_per_program
     end_row = tl.minimum(first_row + rows_per_program, n_rows)
-    cols = tl.arange(0, BLOCK_SIZE).to(tl.int64)  # 64-bit addressing (also skips the interpreter's int32 overflow checks)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)  # 64-bit addressing
     col_mask = cols < n_cols
     x_dtype = X_ptr.dtype.element_ty
 
@@ -121,15 +201,17 @@ def _rms_norm_backward_kernel(
         normed = x * inv_var
 
         # Gradient reaching `normed`, and this step's share of dW, in HF's cast order.
+        g = _normed_gradient(dy, w[None, :], x_dtype, GEMMA, COMPUTE)
         if GEMMA:
-            g = dy * w[None, :]
             dw += tl.sum(dy * normed, axis=0)
         else:
-            g = (dy * w[None, :]).to(x_dtype).to(COMPUTE)
             dw += tl.sum(dy * normed.to(x_dtype).to(COMPUTE), axis=0)
 
         # Compute dx (closed form) and write it.
-        mean_g_normed = tl.sum(g * normed, axis=1) / n_cols
+        if SPLIT:
+            mean_g_normed = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+        else:
+            mean_g_normed = tl.sum(g * normed, axis=1) / n_cols
         dx = inv_var * (g - normed * mean_g_normed[:, None])
         dx_start = _row_offsets(rows, L1, L2, dX_s0, dX_s1, dX_s2)
         tl.store(dX_ptr + dx_start[:, None] + cols[None, :] * dX_col_stride, dx, mask=mask)
@@ -162,15 +244,9 @@ def _split_eps(eps: float) -> tuple[float, float]:
     return hi, eps - hi
 
 
-def _backward_rows_per_step(block: int) -> int:
-    # ~8 Ki elements per step (measured on the H200: 2 rows of 4096 beat 1 by a quarter).
-    return max(1, min(16, 8192 // block))
-
-
-def _backward_stages(block: int, rows: int, itemsize: int) -> int:
-    """Loop iterations in flight (software pipelining of the X and dY loads through shared memory).
-    Three measured best on the H200 for 4096 columns; fewer where three steps' tiles would
-    not fit in ~128 KiB of shared memory."""
+def _stages(block: int, rows: int, itemsize: int) -> int:
+    """Backward loop iterations in flight (software pipelining of the X and dY loads through shared
+    memory): three, or fewer where three steps' tiles would not fit in ~128 KiB."""
     step_bytes = 2 * rows * block * itemsize  # X and dY tiles of one step
     for stages in (3, 2):
         if stages * step_bytes <= 128 * 1024:
@@ -188,31 +264,89 @@ def _validate(X: torch.Tensor, W: torch.Tensor, eps: object, gemma: object, writ
         raise ValueError(f"X must have shape (..., n_cols) with n_cols >= 1, got {tuple(X.shape)}")
     if W.dim() != 1 or W.shape[0] != X.shape[-1]:
         raise ValueError(f"W must have shape (n_cols,) = ({X.shape[-1]},), got {tuple(W.shape)}")
-    row_block(X.shape[-1])  # raises for too many columns
+    if X.shape[-1] > MAX_COLUMNS:
+        raise ValueError(f"{X.shape[-1]} columns exceed the kernels' maximum of {MAX_COLUMNS}")
     _checks.require_bool("gemma", gemma)
     _checks.require_bool("write_dx_into_dy", write_dx_into_dy)
     return _checks.require_small_nonnegative("eps", eps)
 
 
+MAX_COLUMNS = 65536
+
+
+def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,
+            config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Y, inv_var) for validated inputs; ``config`` overrides the measured setting (the tuner's)."""
+    n_cols = X.shape[-1]
+    out_dtype = X.dtype if gemma else torch.promote_types(X.dtype, W.dtype)
+    compute = torch.float64 if torch.float64 in (X.dtype, W.dtype) else torch.float32
+    Y = torch.empty(X.shape, dtype=out_dtype, device=X.device)
+    n_rows = Y.numel() // n_cols
+    inv_var = torch.empty(n_rows, dtype=compute, device=X.device)
+    if n_rows == 0:
+        return Y, inv_var
+    layout, (X_rows,) = rows_addressable(X)
+    slots = program_slots(device_index(X))
+    config = config or lookup("forward", n_cols, n_rows, slots)
+    eps_hi, eps_lo = _split_eps(eps)
+    args = (Y, X_rows, *layout.strides[0], W, W.stride(0), inv_var, n_rows, n_cols, layout.lead[1], layout.lead[2],
+            eps_hi, eps_lo)
+    with launching():
+        if config.path == "looped":
+            _rms_norm_forward_looped_kernel[(min(n_rows, config.programs_per_sm * slots),)](
+                *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], CHUNK=config.chunk, num_warps=config.warps)
+        else:
+            _rms_norm_forward_kernel[(triton.cdiv(n_rows, config.rows),)](
+                *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], ROWS=config.rows,
+                BLOCK_SIZE=triton.next_power_of_2(n_cols), num_warps=config.warps)
+    return Y, inv_var
+
+
+def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.Tensor, gemma: bool,
+             dX: torch.Tensor, needs_dW: bool, config: Config | None = None) -> torch.Tensor | None:
+    """Writes dX (any buffer of X's shape that owns its elements; dY's own, opt-in) and returns dW
+    (None unless ``needs_dW``); ``config`` overrides the measured setting (the tuner's)."""
+    n_cols = X.shape[-1]
+    n_rows = inv_var.numel()
+    compute = inv_var.dtype
+    # dX is contiguous or dY itself, so only X or dY can ever need the contiguous fallback.
+    layout, (dX_rows, dY_rows, X_rows) = rows_addressable(dX, dY, X)
+    slots = program_slots(device_index(X))
+    config = config or lookup("backward", n_cols, n_rows, slots)
+    split = config.path == "split"
+    block = config.chunk if split else triton.next_power_of_2(n_cols)
+    chunks = triton.cdiv(n_cols, block)
+    programs = min(n_rows, triton.cdiv(config.programs_per_sm * slots, chunks))
+    rows_per_program = triton.cdiv(n_rows, programs)
+    programs = triton.cdiv(n_rows, rows_per_program)
+    dW_partial = torch.empty((programs, n_cols), dtype=compute, device=X.device)
+    mean = inv_var  # read only when split
+    dY_strides, X_strides = layout.strides[1], layout.strides[2]
+    with launching():
+        if split:
+            mean = torch.empty_like(inv_var)
+            _rms_norm_row_dot_kernel[(n_rows,)](
+                mean, dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0), inv_var,
+                n_cols, layout.lead[1], layout.lead[2],
+                GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], CHUNK=block, num_warps=config.warps)
+        _rms_norm_backward_kernel[(programs, chunks)](
+            dX_rows, *layout.strides[0], dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0), inv_var, mean,
+            dW_partial, n_rows, n_cols, layout.lead[1], layout.lead[2], rows_per_program,
+            GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], SPLIT=split, ROWS=config.rows, BLOCK_SIZE=block,
+            NUM_STAGES=_stages(block, config.rows, max(X.element_size(), dY.element_size())),
+            num_warps=config.warps,
+        )
+        if not needs_dW:
+            return None
+        dW = torch.empty(n_cols, dtype=W.dtype, device=W.device)
+        _sum_partials_kernel[(triton.cdiv(n_cols, 64),)](dW, dW_partial, programs, n_cols, PARTIALS=32, BLOCK_SIZE=64)
+    return dW
+
+
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X, W, eps, gemma, write_dx_into_dy):
-        n_cols = X.shape[-1]
-        out_dtype = X.dtype if gemma else torch.promote_types(X.dtype, W.dtype)
-        compute = _checks.compute_dtype(X, W)
-        Y = torch.empty(X.shape, dtype=out_dtype, device=X.device)
-        n_rows = Y.numel() // n_cols
-        inv_var = torch.empty(n_rows, dtype=compute, device=X.device)
-        if n_rows > 0:
-            layout, (X_rows,) = rows_addressable(X)
-            block, warps = row_block(n_cols)
-            eps_hi, eps_lo = _split_eps(eps)
-            with launching():
-                _rms_norm_forward_kernel[(n_rows,)](
-                    Y, X_rows, *layout.strides[0], W, W.stride(0), inv_var,
-                    n_cols, layout.lead[1], layout.lead[2], eps_hi, eps_lo,
-                    GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], BLOCK_SIZE=block, num_warps=warps,
-                )
+        Y, inv_var = forward(X, W, eps, gemma)
         ctx.save_for_backward(X, W, inv_var)
         ctx.gemma = gemma
         ctx.write_dx_into_dy = write_dx_into_dy
@@ -221,36 +355,11 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dY):
         X, W, inv_var = ctx.saved_tensors
-        n_cols = X.shape[-1]
-        n_rows = inv_var.numel()
-        compute = inv_var.dtype
-        if n_rows == 0:
+        if inv_var.numel() == 0:
             return torch.zeros_like(X), torch.zeros_like(W), None, None, None
         in_place = ctx.write_dx_into_dy and _can_overwrite(dY, X, W)
         dX = dY if in_place else torch.empty(X.shape, dtype=X.dtype, device=X.device)
-        # dX is contiguous, so only X or dY can ever need the contiguous fallback.
-        layout, (dX, dY_rows, X_rows) = rows_addressable(dX, dY, X)
-        block, warps = row_block(n_cols)
-        rows_per_step = _backward_rows_per_step(block)
-        n_programs = min(n_rows, program_slots(device_index(X)))
-        rows_per_program = triton.cdiv(n_rows, n_programs)
-        n_programs = triton.cdiv(n_rows, rows_per_program)
-        dW_partial = torch.empty((n_programs, n_cols), dtype=compute, device=X.device)
-        with launching():
-            _rms_norm_backward_kernel[(n_programs,)](
-                dX, *layout.strides[0], dY_rows, *layout.strides[1], X_rows, *layout.strides[2],
-                W, W.stride(0), inv_var, dW_partial,
-                n_rows, n_cols, layout.lead[1], layout.lead[2], rows_per_program,
-                GEMMA=ctx.gemma, COMPUTE=TL_COMPUTE[compute], ROWS=rows_per_step, BLOCK_SIZE=block,
-                NUM_STAGES=_backward_stages(block, rows_per_step, max(X.element_size(), dY.element_size())),
-                num_warps=warps,
-            )
-        dW = None
-        if ctx.needs_input_grad[1]:
-            dW = torch.empty(n_cols, dtype=W.dtype, device=W.device)
-            with launching():
-                _sum_partials_kernel[(triton.cdiv(n_cols, 64),)](dW, dW_partial, n_programs, n_cols,
-                                                                  PARTIALS=32, BLOCK_SIZE=64)
+        dW = backward(dY, X, W, inv_var, ctx.gemma, dX, ctx.needs_input_grad[1])
         return dX, dW, None, None, None
 
 

@@ -22,6 +22,9 @@ n_heads (and at n_kv_heads for K, which has fewer heads under GQA).
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -141,34 +144,82 @@ def rope_warps(block_half: int) -> int:
     return max(1, min(8, GROUP_SIZE * block_half // 512))
 
 
-class RotatedInPlace(torch.autograd.Function):
-    """Autograd's record that one tensor was rotated in place.
+@dataclass(frozen=True)
+class _Placement:
+    """Where Q (or K) lies in the buffer that autograd is told about: its shape and strides, and its
+    first element's offset from the buffer's."""
 
-    Note [One Function per tensor]
-        The forward kernel rotates Q and K in one launch (the cos/sin row is loaded once per
-        token). Autograd, however, refuses a Function that modifies a *view* in place and returns
-        more than one tensor, and in a model Q and K are always views (of a projection, through
-        ``.view(...).transpose(1, 2)``). So ``rope`` launches once, then records each tensor with
-        this single-output Function: its forward only marks the tensor dirty (bumping its version
-        counter, so anything that saved the old values raises on backward); its backward rotates
-        that tensor's gradient back into a new tensor, leaving the incoming gradient untouched.
+    buffer: int  # index into RotatedInPlace's buffers
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    def within(self, t: torch.Tensor) -> torch.Tensor:
+        """The same place in ``t``, a tensor laid out like the buffer."""
+        return t.as_strided(self.shape, self.stride, t.storage_offset() + self.offset)
+
+
+def _buffers(Q: torch.Tensor, K: torch.Tensor) -> tuple[list[torch.Tensor], tuple[_Placement, _Placement]]:
+    """The tensors that own Q's and K's memory (each one's view base, or itself), once each, and
+    where Q and K lie in them."""
+    buffers: list[torch.Tensor] = []
+    placements = []
+    for t in (Q, K):
+        owner = t._base if t._is_view() else t
+        index = next((i for i, b in enumerate(buffers) if b is owner), None)
+        if index is None:
+            index = len(buffers)
+            buffers.append(owner)
+        placements.append(_Placement(index, tuple(t.shape), t.stride(), t.storage_offset() - owner.storage_offset()))
+    return buffers, tuple(placements)
+
+
+class RotatedInPlace(torch.autograd.Function):
+    """Autograd's record that Q and K were rotated in place: one node for both, so that backward
+    rotates dQ and dK back in one launch.
+
+    Note [Marking the buffers dirty]
+        In a model Q and K are views (of a projection, through ``.view(...).transpose(1, 2)``), and
+        autograd refuses a Function that modifies a view in place and returns more than one tensor.
+        So the node marks dirty what owns the memory: each view's base (or Q and K themselves when
+        they are not views; once, when both are views of one fused projection). Autograd then
+        re-derives Q's and K's history from their bases, as after any in-place write to a base,
+        and bumps every version counter involved, so anything that saved the old values raises.
+        Backward receives each buffer's gradient, rotates the parts that held Q and K back, in one
+        launch, into new tensors laid out like the buffers; the rest of a buffer (V of a fused
+        projection) passes through unchanged. The incoming gradients are never written.
     """
 
     @staticmethod
-    def forward(ctx, X, cos, sin, position_ids):
-        ctx.mark_dirty(X)
+    def forward(ctx, placements, cos, sin, position_ids, *buffers):
+        ctx.mark_dirty(*buffers)
+        ctx.set_materialize_grads(False)
+        ctx.placements = placements
+        ctx.layouts = [(b.shape, b.stride(), b.numel()) for b in buffers]
         ctx.save_for_backward(cos, sin, position_ids)
-        return X
+        return buffers
 
     @staticmethod
-    def backward(ctx, dX):
+    def backward(ctx, *grads):
         cos, sin, position_ids = ctx.saved_tensors
-        dX_new = torch.empty(dX.shape, dtype=dX.dtype, device=dX.device)
-        if dX.numel() > 0:
+        sources, results = [], []
+        for index, ((shape, stride, numel), grad) in enumerate(zip(ctx.layouts, grads)):
+            result = None if grad is None else torch.empty_strided(shape, stride, dtype=grad.dtype, device=grad.device)
+            covered = sum(math.prod(p.shape) for p in ctx.placements if p.buffer == index)
+            if grad is not None and (grad.stride() != stride or covered != numel):
+                result.copy_(grad)  # rotate inside a copy: other layout, or parts that pass through
+                grad = result
+            sources.append(grad)
+            results.append(result)
+        rotated = [(p.within(sources[p.buffer]), p.within(results[p.buffer]))
+                   for p in ctx.placements if sources[p.buffer] is not None and math.prod(p.shape) > 0]
+        if rotated:
             if position_ids is not None:  # written since forward? (.data and numpy writes bump no version)
                 require_positions_in_table(position_ids, cos.shape[0])
-            _launch(dX, dX_new, None, None, cos, sin, position_ids, backward=True)
-        return dX_new, None, None, None
+            (first_in, first_out), *rest = rotated
+            second_in, second_out = rest[0] if rest else (None, None)
+            _launch(first_in, first_out, second_in, second_out, cos, sin, position_ids, backward=True)
+        return (None, None, None, None, *results)
 
 
 def _validate(Q, K, cos, sin, position_ids) -> torch.Tensor | None:
@@ -271,4 +322,9 @@ def rope(Q: torch.Tensor, K: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     position_ids = _validate(Q, K, cos, sin, position_ids)
     if Q.numel() > 0:
         _launch(Q, Q, K, K, cos, sin, position_ids, backward=False)
-    return (RotatedInPlace.apply(Q, cos, sin, position_ids), RotatedInPlace.apply(K, cos, sin, position_ids))
+    buffers, placements = _buffers(Q, K)
+    RotatedInPlace.apply(placements, cos, sin, position_ids, *buffers)
+    # Reading grad_fn re-derives a view's history from its base now: torch (2.11 to 2.13) crashes
+    # when register_hook is the first to touch a view whose base was written in place.
+    Q.grad_fn, K.grad_fn  # noqa: B018
+    return Q, K

@@ -1,0 +1,139 @@
+"""Measure RMSNorm's launch settings on a GPU and keep the fastest per width (kernels/_rms_norm_configs.py).
+
+    python scripts/tune_rms_norm.py --pass forward --out fwd.json      # on the GPU, one pass per GPU
+    python scripts/tune_rms_norm.py --pass backward --out bwd.json
+    python scripts/tune_rms_norm.py --merge fwd.json bwd.json          # here: writes kernels/rms_norm_configs.json
+
+Every power-of-two width from 128 to 65536 at 2^26 elements (128 MiB in bf16, Llama), each
+candidate timed with triton.testing.do_bench (median, L2 flushed between calls). The results are
+written after each width, so a run cut short still leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kernels._rms_norm_configs import CONFIG_FILE, SCHEMA, Config
+
+WIDTHS = [2**k for k in range(7, 17)]
+ELEMENTS = 2**26
+
+
+def _warps_for(elements: int, choices=(2, 4, 8, 16, 32)) -> list[int]:
+    """Warp counts giving each thread 4 to 64 elements of a block."""
+    return [w for w in choices if 4 <= elements // (32 * w) <= 64]
+
+
+def forward_candidates(width: int) -> list[Config]:
+    out = []
+    for tile in (1024, 2048, 4096, 8192, 16384, 65536):
+        rows = tile // width
+        if rows < 1 or rows > 128 or (rows == 1 and tile != width):
+            continue
+        out += [Config("rows", warps, rows=rows) for warps in _warps_for(tile)]
+    if width >= 4096:
+        for chunk, per_sm in itertools.product((1024, 2048, 4096, 8192), (1, 2, 4, 8)):
+            if chunk < width:
+                out += [Config("looped", warps, chunk=chunk, programs_per_sm=per_sm)
+                        for warps in _warps_for(chunk, (4, 8, 16))]
+    return out
+
+
+def backward_candidates(width: int) -> list[Config]:
+    out = []
+    for tile, per_sm in itertools.product((2048, 4096, 8192, 16384, 32768, 65536), (1, 2, 4)):
+        rows = tile // width
+        if 1 <= rows <= 64 and not (rows == 1 and tile != width):
+            out += [Config("rows", warps, rows=rows, programs_per_sm=per_sm) for warps in _warps_for(tile, (4, 8, 16, 32))]
+    if width >= 2048:
+        for chunk, tile, per_sm in itertools.product((1024, 2048, 4096), (4096, 8192, 16384), (1, 2, 4)):
+            if chunk < width and tile >= chunk:
+                out += [Config("split", warps, rows=tile // chunk, chunk=chunk, programs_per_sm=per_sm)
+                        for warps in _warps_for(tile, (4, 8))]
+    return out
+
+
+def _time_width(rms, pass_name: str, width: int) -> list[dict]:
+    import torch
+    import triton.testing
+
+    X = torch.randn(ELEMENTS // width, width, device="cuda", dtype=torch.bfloat16)
+    W = (1 + 0.1 * torch.randn(width, device="cuda")).to(torch.bfloat16)
+    dY = torch.randn_like(X)
+    _, inv_var = rms.forward(X, W, 1e-6, False)
+    dX = torch.empty_like(X)
+    timed = []
+    for config in forward_candidates(width) if pass_name == "forward" else backward_candidates(width):
+        if pass_name == "forward":
+            def call(config=config):
+                return rms.forward(X, W, 1e-6, False, config)
+        else:
+            def call(config=config):
+                return rms.backward(dY, X, W, inv_var, False, dX, True, config)
+        try:
+            timed.append({"config": vars(config),
+                          "ms": float(triton.testing.do_bench(call, warmup=10, rep=40, return_mode="median"))})
+        except Exception as exc:  # noqa: BLE001 - a setting that cannot run is recorded, not fatal
+            timed.append({"config": vars(config), "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
+    return timed
+
+
+def measure(pass_name: str, widths: list[int], out_path: Path) -> None:
+    import torch
+
+    from oracle.environment import environment
+
+    rms = importlib.import_module("kernels.rms_norm")
+    result = {"pass": pass_name, "environment": environment(), "elements": ELEMENTS, "dtype": "bfloat16",
+              "command": f"python scripts/tune_rms_norm.py --pass {pass_name}", "widths": {}}
+    started = time.perf_counter()
+    for width in widths:
+        timed = _time_width(rms, pass_name, width)
+        torch.cuda.empty_cache()
+        best = min((t for t in timed if "ms" in t), key=lambda t: t["ms"])
+        result["widths"][str(width)] = {"chosen": best["config"], "ms": best["ms"], "candidates": timed}
+        gb = (2 if pass_name == "forward" else 3) * ELEMENTS * 2 / 1e9
+        print(f"[{time.perf_counter() - started:5.0f} s] {pass_name} {width:6d} cols: {len(timed)} settings, best "
+              f"{best['ms']:.4f} ms ({gb / best['ms']:.2f} TB/s) {best['config']}", flush=True)
+        out_path.write_text(json.dumps(result, indent=1))
+
+
+def merge(paths: list[Path], target: Path = CONFIG_FILE) -> None:
+    """One file per pass, measured on the GPU, into the table the kernels read."""
+    table = {"schema": SCHEMA}
+    for path in paths:
+        data = json.loads(path.read_text())
+        table[data["pass"]] = data["widths"]
+        table.setdefault("measured", {})[data["pass"]] = {k: data[k] for k in ("environment", "elements", "dtype", "command")}
+    missing = {"forward", "backward"} - table.keys()
+    if missing:
+        raise SystemExit(f"no measurements for {sorted(missing)}")
+    target.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote {target}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pass", dest="pass_name", choices=("forward", "backward"))
+    parser.add_argument("--widths", type=lambda s: [int(w) for w in s.split(",")], default=WIDTHS)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--merge", nargs="+", type=Path, help="per-pass results to merge into the kernels' table")
+    args = parser.parse_args()
+    if args.merge:
+        merge(args.merge)
+    elif args.pass_name and args.out:
+        measure(args.pass_name, args.widths, args.out)
+    else:
+        parser.error("give --pass and --out (on a GPU), or --merge")
+
+
+if __name__ == "__main__":
+    main()
