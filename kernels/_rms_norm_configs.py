@@ -18,9 +18,9 @@ Two paths per pass:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import triton
@@ -31,13 +31,14 @@ NARROWEST, WIDEST = 128, 65536  # the measured widths
 PATHS = {"forward": ("rows", "looped"), "backward": ("rows", "split")}
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Config:
     path: str  # see the module docstring
     warps: int
     rows: int = 1  # rows per program ("rows" forward) or per loop step (backward)
     chunk: int = 0  # columns per step of the "looped" and "split" paths
     programs_per_sm: int = 1  # persistent programs ("looped", backward "rows") or row ranges per chunk ("split")
+    stages: int = 1  # "looped": steps whose loads are in flight at once (the backward sizes its own)
 
     @classmethod
     def of(cls, entry: dict, pass_name: str) -> Config:
@@ -71,4 +72,4 @@ def lookup(pass_name: str, n_cols: int, n_rows: int, slots: int) -> Config:
         return config
     rows = config.rows * (width // block)  # narrower than measured: the same elements per program
     rows = min(rows, _floor_power_of_2(n_rows // max(slots, 1)))
-    return Config(config.path, config.warps, max(rows, 1), config.chunk, config.programs_per_sm)
+    return dataclasses.replace(config, rows=max(rows, 1))

@@ -81,19 +81,20 @@ def _rms_norm_forward_looped_kernel(
     GEMMA: tl.constexpr,
     COMPUTE: tl.constexpr,
     CHUNK: tl.constexpr,  # columns per step
+    NUM_STAGES: tl.constexpr,  # steps whose loads are in flight at once
 ):
     # Persistent: few rows are in flight at once, so the second sweep finds its row in L2.
     for program_row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(program_row, tl.int64)
         x_row = X_ptr + _row_offsets(row, L1, L2, X_s0, X_s1, X_s2)
         squares = tl.zeros([CHUNK], dtype=COMPUTE)
-        for start in tl.range(0, n_cols, CHUNK):
+        for start in tl.range(0, n_cols, CHUNK, num_stages=NUM_STAGES):
             cols = start + tl.arange(0, CHUNK).to(tl.int64)
             x = tl.load(x_row + cols * X_col_stride, mask=cols < n_cols, other=0.0).to(COMPUTE)
             squares += x * x
         inv_var = _inv_rms(tl.sum(squares, axis=0), n_cols, eps_hi, eps_lo, COMPUTE)
         tl.store(inv_var_ptr + row, inv_var)
-        for start in tl.range(0, n_cols, CHUNK):
+        for start in tl.range(0, n_cols, CHUNK, num_stages=NUM_STAGES):
             cols = start + tl.arange(0, CHUNK).to(tl.int64)
             mask = cols < n_cols
             x = tl.load(x_row + cols * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
@@ -185,7 +186,9 @@ def _rms_norm_backward_kernel(
     w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
     if GEMMA:
         w = 1.0 + w
-    dw = tl.zeros([BLOCK_SIZE], dtype=COMPUTE)
+    # dW is accumulated per (row lane, column) and reduced over the lanes once at the end: a
+    # reduction across warps on every step cost narrow rows a third of their time (H200).
+    dw = tl.zeros([ROWS, BLOCK_SIZE], dtype=COMPUTE)
 
     for start in tl.range(first_row, end_row, ROWS, num_stages=NUM_STAGES):
         rows = start + tl.arange(0, ROWS)
@@ -203,9 +206,9 @@ def _rms_norm_backward_kernel(
         # Gradient reaching `normed`, and this step's share of dW, in HF's cast order.
         g = _normed_gradient(dy, w[None, :], x_dtype, GEMMA, COMPUTE)
         if GEMMA:
-            dw += tl.sum(dy * normed, axis=0)
+            dw += dy * normed
         else:
-            dw += tl.sum(dy * normed.to(x_dtype).to(COMPUTE), axis=0)
+            dw += dy * normed.to(x_dtype).to(COMPUTE)
 
         # Compute dx (closed form) and write it.
         if SPLIT:
@@ -216,7 +219,7 @@ def _rms_norm_backward_kernel(
         dx_start = _row_offsets(rows, L1, L2, dX_s0, dX_s1, dX_s2)
         tl.store(dX_ptr + dx_start[:, None] + cols[None, :] * dX_col_stride, dx, mask=mask)
 
-    tl.store(dW_partial_ptr + pid * n_cols + cols, dw, mask=col_mask)
+    tl.store(dW_partial_ptr + pid * n_cols + cols, tl.sum(dw, axis=0), mask=col_mask)
 
 
 @triton.jit
@@ -244,11 +247,10 @@ def _split_eps(eps: float) -> tuple[float, float]:
     return hi, eps - hi
 
 
-def _stages(block: int, rows: int, itemsize: int) -> int:
-    """Backward loop iterations in flight (software pipelining of the X and dY loads through shared
-    memory): three, or fewer where three steps' tiles would not fit in ~128 KiB."""
-    step_bytes = 2 * rows * block * itemsize  # X and dY tiles of one step
-    for stages in (3, 2):
+def _stages(step_bytes: int, most: int = 3) -> int:
+    """Loop iterations in flight (software pipelining of a step's loads through shared memory): up
+    to ``most``, fewer where that many steps' tiles would not fit in ~128 KiB (float64 inputs)."""
+    for stages in range(most, 1, -1):
         if stages * step_bytes <= 128 * 1024:
             return stages
     return 1
@@ -294,7 +296,9 @@ def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,
     with launching():
         if config.path == "looped":
             _rms_norm_forward_looped_kernel[(min(n_rows, config.programs_per_sm * slots),)](
-                *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], CHUNK=config.chunk, num_warps=config.warps)
+                *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], CHUNK=config.chunk,
+                NUM_STAGES=_stages(config.chunk * X.element_size(), config.stages),
+                num_warps=config.warps)
         else:
             _rms_norm_forward_kernel[(triton.cdiv(n_rows, config.rows),)](
                 *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], ROWS=config.rows,
@@ -333,7 +337,7 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
             dX_rows, *layout.strides[0], dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0), inv_var, mean,
             dW_partial, n_rows, n_cols, layout.lead[1], layout.lead[2], rows_per_program,
             GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], SPLIT=split, ROWS=config.rows, BLOCK_SIZE=block,
-            NUM_STAGES=_stages(block, config.rows, max(X.element_size(), dY.element_size())),
+            NUM_STAGES=_stages(config.rows * block * (X.element_size() + dY.element_size())),  # X and dY tiles
             num_warps=config.warps,
         )
         if not needs_dW:

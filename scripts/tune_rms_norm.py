@@ -39,11 +39,11 @@ def forward_candidates(width: int) -> list[Config]:
         if rows < 1 or rows > 128 or (rows == 1 and tile != width):
             continue
         out += [Config("rows", warps, rows=rows) for warps in _warps_for(tile)]
-    if width >= 4096:
-        for chunk, per_sm in itertools.product((1024, 2048, 4096, 8192), (1, 2, 4, 8)):
+    if width >= 8192:
+        for chunk, per_sm, stages in itertools.product((4096, 8192, 16384), (1, 2, 4), (1, 2, 3)):
             if chunk < width:
-                out += [Config("looped", warps, chunk=chunk, programs_per_sm=per_sm)
-                        for warps in _warps_for(chunk, (4, 8, 16))]
+                out += [Config("looped", warps, chunk=chunk, programs_per_sm=per_sm, stages=stages)
+                        for warps in _warps_for(chunk, (8, 16, 32))]
     return out
 
 
