@@ -2,7 +2,7 @@
 
     python scripts/tune_rms_norm.py --pass forward --out fwd.json      # on the GPU, one pass per GPU
     python scripts/tune_rms_norm.py --pass backward --out bwd.json
-    python scripts/tune_rms_norm.py --merge fwd.json bwd.json          # here: writes kernels/rms_norm_configs.json
+    python scripts/tune_rms_norm.py --merge fwd.json bwd.json          # writes kernels/rms_norm_configs.json
 
 Every power-of-two width from 128 to 65536 at 2^26 elements (128 MiB in bf16, Llama), each
 candidate timed with triton.testing.do_bench (median, L2 flushed between calls). The results are
