@@ -85,7 +85,7 @@ def require_bool(name: str, value: object) -> bool:
 def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """[first, last + 1) byte addresses t's elements can occupy: its storage's start, plus its offset,
     plus how far its strides reach (torch strides are never negative)."""
-    start = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+    start = t.data_ptr()  # the storage's start plus the offset, without making a storage object
     reach = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
     return start, start + (reach + 1) * t.element_size()
 

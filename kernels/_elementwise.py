@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from . import _checks
-from ._launch import TL_COMPUTE
+from ._launch import TL_COMPUTE, cdiv
 from ._runtime import interpreted, launching
 
 BLOCK_SIZE = 1024
@@ -96,7 +96,7 @@ def _launch_flat(kernel: triton.JITFunction, constexprs: dict, e: torch.Tensor, 
     if n == 0:
         return
     with launching():
-        kernel[(triton.cdiv(n, BLOCK_SIZE),)](*pointers, n, **launch_constexprs, **constexprs,
+        kernel[(cdiv(n, BLOCK_SIZE),)](*pointers, n, **launch_constexprs, **constexprs,
                                               COMPUTE=TL_COMPUTE[_checks.compute_dtype(e)], BLOCK_SIZE=BLOCK_SIZE)
 
 

@@ -24,3 +24,13 @@ def program_slots(device_index: int | None) -> int:
 
 def device_index(t: torch.Tensor) -> int | None:
     return t.device.index if t.device.type == "cuda" else None
+
+
+# Host-side arithmetic for grids and blocks. triton.cdiv and triton.next_power_of_2 are
+# constexpr-function objects whose host calls cost microseconds each, on every kernel call.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 0 else 0

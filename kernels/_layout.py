@@ -8,6 +8,8 @@ merged where every tensor allows it; the kernels address up to three leading dim
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -58,8 +60,17 @@ def row_layout(*tensors: torch.Tensor) -> RowLayout | None:
 
 def rows_addressable(*tensors: torch.Tensor) -> tuple[RowLayout, tuple[torch.Tensor, ...]]:
     """A RowLayout for the tensors, copying them to contiguous memory only when no layout exists."""
+    if all(t.is_contiguous() for t in tensors):  # the common case, on every call's path: no merging to do
+        return _contiguous_layout(tensors[0].shape, len(tensors)), tensors
     layout = row_layout(*tensors)
     if layout is None:  # rare: four or more independent leading strides
         tensors = tuple(t.contiguous() for t in tensors)
         layout = row_layout(*tensors)
     return layout, tensors
+
+
+@functools.lru_cache(maxsize=1024)
+def _contiguous_layout(shape: torch.Size, n_tensors: int) -> RowLayout:
+    n_cols = shape[-1] if shape else 1
+    n_rows = math.prod(shape[:-1])
+    return RowLayout(lead=(1, 1, n_rows), strides=((0, 0, n_cols, 1),) * n_tensors)

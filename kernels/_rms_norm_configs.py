@@ -23,7 +23,7 @@ import functools
 import json
 from pathlib import Path
 
-import triton
+from ._launch import next_power_of_2
 
 CONFIG_FILE = Path(__file__).with_name("rms_norm_configs.json")
 SCHEMA = "kernel-oracle/rms-norm-configs/1"
@@ -62,10 +62,11 @@ def _floor_power_of_2(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
+@functools.lru_cache(maxsize=4096)  # on every call's path; a model has few shapes
 def lookup(pass_name: str, n_cols: int, n_rows: int, slots: int) -> Config:
     """The measured setting for rows of ``n_cols``; ``slots`` is the program count that fills the
     device once (SMs). Rows per program shrink for short inputs so every slot still gets a program."""
-    block = triton.next_power_of_2(n_cols)
+    block = next_power_of_2(n_cols)
     width = min(max(block, NARROWEST), WIDEST)
     config = table()[pass_name][width]
     if config.path != "rows":

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from . import _checks
-from ._launch import TL_COMPUTE, device_index, program_slots
+from ._launch import TL_COMPUTE, cdiv, device_index, next_power_of_2, program_slots
 from ._layout import rows_addressable
 from ._rms_norm_configs import Config, lookup
 from ._runtime import launching
@@ -300,9 +300,9 @@ def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,
                 NUM_STAGES=_stages(config.chunk * X.element_size(), config.stages),
                 num_warps=config.warps)
         else:
-            _rms_norm_forward_kernel[(triton.cdiv(n_rows, config.rows),)](
+            _rms_norm_forward_kernel[(cdiv(n_rows, config.rows),)](
                 *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], ROWS=config.rows,
-                BLOCK_SIZE=triton.next_power_of_2(n_cols), num_warps=config.warps)
+                BLOCK_SIZE=next_power_of_2(n_cols), num_warps=config.warps)
     return Y, inv_var
 
 
@@ -318,11 +318,11 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
     slots = program_slots(device_index(X))
     config = config or lookup("backward", n_cols, n_rows, slots)
     split = config.path == "split"
-    block = config.chunk if split else triton.next_power_of_2(n_cols)
-    chunks = triton.cdiv(n_cols, block)
-    programs = min(n_rows, triton.cdiv(config.programs_per_sm * slots, chunks))
-    rows_per_program = triton.cdiv(n_rows, programs)
-    programs = triton.cdiv(n_rows, rows_per_program)
+    block = config.chunk if split else next_power_of_2(n_cols)
+    chunks = cdiv(n_cols, block)
+    programs = min(n_rows, cdiv(config.programs_per_sm * slots, chunks))
+    rows_per_program = cdiv(n_rows, programs)
+    programs = cdiv(n_rows, rows_per_program)
     dW_partial = torch.empty((programs, n_cols), dtype=compute, device=X.device)
     mean = inv_var  # read only when split
     dY_strides, X_strides = layout.strides[1], layout.strides[2]
@@ -343,7 +343,7 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
         if not needs_dW:
             return None
         dW = torch.empty(n_cols, dtype=W.dtype, device=W.device)
-        _sum_partials_kernel[(triton.cdiv(n_cols, 64),)](dW, dW_partial, programs, n_cols, PARTIALS=32, BLOCK_SIZE=64)
+        _sum_partials_kernel[(cdiv(n_cols, 64),)](dW, dW_partial, programs, n_cols, PARTIALS=32, BLOCK_SIZE=64)
     return dW
 
 

@@ -28,9 +28,11 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from torch._C._autograd import CreationMeta
+from torch._C._autograd import _get_creation_meta as _creation_meta
 
 from . import _checks
-from ._launch import TL_COMPUTE
+from ._launch import TL_COMPUTE, cdiv, next_power_of_2
 from ._runtime import launching
 
 # Heads per program: amortises the token's cos/sin loads over several heads. The seed groups 4;
@@ -121,11 +123,11 @@ def _launch(Q_in, Q_out, K_in, K_out, cos, sin, position_ids, backward: bool) ->
     else:
         n_kv_heads = K_out.shape[1]
     half = head_dim // 2
-    block_half = triton.next_power_of_2(half)
+    block_half = next_power_of_2(half)
     has_positions = position_ids is not None
     pos = position_ids if has_positions else cos  # any tensor; never read without HAS_POSITIONS
     pos_strides = position_ids.stride() if has_positions else (0, 0)
-    grid = (batch * seq, triton.cdiv(n_heads, GROUP_SIZE))
+    grid = (batch * seq, cdiv(n_heads, GROUP_SIZE))
     with launching():
         _rope_kernel[grid](
             Q_in, *Q_in.stride(), Q_out, *Q_out.stride(), K_in, *K_in.stride(), K_out, *K_out.stride(),
@@ -254,6 +256,15 @@ def _validate(Q, K, cos, sin, position_ids) -> torch.Tensor | None:
     return position_ids
 
 
+# Views whose base autograd forbids writing in place (the write would be found only after the kernel ran).
+_FORBIDDEN_VIEWS = {
+    CreationMeta.MULTI_OUTPUT_NODE: "a view from a function returning several views (split, chunk, unbind)",
+    CreationMeta.NO_GRAD_MODE: "a view made in no_grad mode",
+    CreationMeta.INFERENCE_MODE: "a view made in inference mode",
+    CreationMeta.IN_CUSTOM_FUNCTION: "a view made inside a custom autograd Function",
+}
+
+
 def _require_rotatable_in_place(name: str, t: torch.Tensor) -> None:
     """Refuse, before the kernel runs, what autograd would refuse after it (the data would be lost)."""
     if torch.is_grad_enabled() and t.requires_grad:
@@ -262,6 +273,10 @@ def _require_rotatable_in_place(name: str, t: torch.Tensor) -> None:
             what = "is a leaf" if base is t else "is a view of a leaf"
             raise ValueError(f"rope rotates {name} in place, and {name} {what} that requires grad; "
                              f"pass {name}.clone() (autograd forbids in-place changes to such leaves)")
+        what = _FORBIDDEN_VIEWS.get(_creation_meta(t)) if base is not t else None
+        if what:
+            raise ValueError(f"rope rotates {name} in place, and {name} is {what}, which autograd forbids "
+                             f"changing in place; slice it instead (qkv[..., :n]) or pass {name}.clone()")
 
 
 POSITION_DTYPES = (torch.int64, torch.int32)  # what torch indexing (HF's cos[position_ids]) takes as indices

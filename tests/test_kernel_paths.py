@@ -1,0 +1,226 @@
+"""Every launch path of the kernels, forced at small shapes so each runs on CPU too: RMSNorm's
+row-block, looped and split paths under the oracle's verdict, the measured launch table they are
+chosen from, and RoPE's single-launch backward through the autograd node that records Q and K."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+import torch
+
+import kernels
+from kernels import _launch, _layout
+from kernels import _rms_norm_configs as configs
+from kernels._rms_norm_configs import Config
+from oracle.cases import Case
+from oracle.engine import run_case
+from oracle.impls import load
+from oracle.ops.rope import apply_rotary_pos_emb, rotary_table
+
+rms_module = importlib.import_module("kernels.rms_norm")
+rope_module = importlib.import_module("kernels.rope")
+
+# Chunks of 64 columns over 300: four full steps and a tail; rows per step that leave a tail too.
+PATHS = {
+    "rows x4": (Config("rows", 4, rows=4), Config("rows", 4, rows=8, programs_per_sm=2)),
+    "looped / split": (Config("looped", 4, chunk=64, programs_per_sm=1, stages=3),
+                       Config("split", 4, rows=4, chunk=64, programs_per_sm=3)),
+}
+
+
+def _forcing(monkeypatch, forward: Config, backward: Config) -> None:
+    chosen = {"forward": forward, "backward": backward}
+    monkeypatch.setattr(rms_module, "lookup", lambda pass_name, *_: chosen[pass_name])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("variant", ["llama", "gemma"])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_every_rms_norm_path_passes_the_verdict(path, variant, dtype, layout, device, monkeypatch):
+    _forcing(monkeypatch, *PATHS[path])
+    case = Case("rms_norm", variant, dtype, {"lead": [5, 7], "cols": 300}, layout, "normal",
+                {"eps": 1e-6, "weight": "same"}, seed=4)
+    result = run_case("rms_norm", case, load("kernels"), device)
+    assert result.passed, result.explain()
+
+
+def test_a_forced_path_really_runs(device, monkeypatch):
+    """The forcing above reaches the launches: the split path launches the row-dot kernel, the
+    row-block path does not (so the parametrized test cannot pass by running the default)."""
+    launched = []
+    original = rms_module._rms_norm_row_dot_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return original[grid]
+
+    monkeypatch.setattr(rms_module, "_rms_norm_row_dot_kernel", Counting())
+    X = torch.randn(9, 300, device=device, requires_grad=True)
+    W = torch.randn(300, device=device, requires_grad=True)
+    for path, expected in (("rows x4", 0), ("looped / split", 1)):
+        _forcing(monkeypatch, *PATHS[path])
+        launched.clear()
+        torch.autograd.grad(kernels.rms_norm(X, W, 1e-6), (X, W), torch.randn(9, 300, device=device))
+        assert len(launched) == expected, path
+
+
+# --- the launch table ------------------------------------------------------------------------------
+
+
+def test_the_committed_table_holds_the_fastest_measured_setting_at_every_width():
+    data = json.loads(configs.CONFIG_FILE.read_text())
+    assert data["schema"] == configs.SCHEMA and "provisional" not in data
+    for pass_name in ("forward", "backward"):
+        assert data["measured"][pass_name]["environment"]["device"] == "NVIDIA H200"
+        widths = data[pass_name]
+        assert sorted(map(int, widths)) == [2**k for k in range(7, 17)]
+        for width, entry in widths.items():
+            timed = [c for c in entry["candidates"] if "ms" in c]
+            assert len(timed) >= 10, (pass_name, width)
+            fastest = min(timed, key=lambda c: c["ms"])
+            assert entry["chosen"] == fastest["config"] and entry["ms"] == fastest["ms"], (pass_name, width)
+            Config.of(entry["chosen"], pass_name)  # a setting the kernels can launch
+
+
+def test_lookup_scales_rows_for_narrow_blocks_and_shares_short_inputs_out():
+    measured = configs.table()["forward"][128]
+    assert measured.path == "rows"
+    wide_enough = 10**9
+    assert configs.lookup("forward", 100, wide_enough, 132) == measured  # block 128
+    assert configs.lookup("forward", 32, wide_enough, 132).rows == measured.rows * 4  # same elements per program
+    assert configs.lookup("forward", 128, 132 * 2, 132).rows == min(measured.rows, 2)  # every SM gets a program
+    assert configs.lookup("forward", 128, 5, 132).rows == 1
+    assert configs.lookup("forward", 65536, 7, 132) == configs.table()["forward"][65536]  # not a row block: unchanged
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(schema="kernel-oracle/rms-norm-configs/0"), "schema"),
+    (lambda d: d["backward"]["128"]["chosen"].update(path="looped"), "backward path must be one of"),
+    (lambda d: d["forward"]["128"]["chosen"].update(lanes=3), "lanes"),
+])
+def test_a_damaged_table_is_refused_by_name(change, message, tmp_path, monkeypatch):
+    data = json.loads(configs.CONFIG_FILE.read_text())
+    change(data)
+    damaged = tmp_path / "configs.json"
+    damaged.write_text(json.dumps(data))
+    monkeypatch.setattr(configs, "CONFIG_FILE", damaged)
+    configs.table.cache_clear()
+    try:
+        with pytest.raises((ValueError, TypeError), match=message):
+            configs.table()
+    finally:
+        configs.table.cache_clear()
+
+
+def test_host_arithmetic_matches_triton():
+    import triton
+
+    for n in [*range(70), 4095, 4096, 4097, 2**31 - 1, 2**31 + 1]:
+        assert _launch.next_power_of_2(n) == triton.next_power_of_2(n), n
+        for d in (1, 3, 64, 132):
+            assert _launch.cdiv(n, d) == triton.cdiv(n, d), (n, d)
+
+
+def test_the_contiguous_shortcut_describes_rows_like_the_general_layout():
+    for shape in [(7, 5), (2, 3, 4), (1, 1, 9), (4,)]:
+        tensors = (torch.empty(shape), torch.empty(shape))
+        fast, _ = _layout.rows_addressable(*tensors)
+        general = _layout.row_layout(*tensors)
+        assert fast.n_rows == general.n_rows
+        # the same address for every row, whichever way the leading dims are counted
+        for layout in (fast, general):
+            _, L1, L2 = layout.lead
+            s0, s1, s2, sc = layout.strides[0]
+            addresses = [(r // L2 // L1) * s0 + (r // L2 % L1) * s1 + (r % L2) * s2 for r in range(layout.n_rows)]
+            assert addresses == [r * shape[-1] for r in range(layout.n_rows)] and sc == 1
+
+
+# --- RoPE: one node, one backward launch ------------------------------------------------------------
+
+
+def _projections(kind: str, device, b=2, s=5, h=4, kv=2, d=8, hidden=16):
+    """Q and K as a model makes them, with the leaves gradients flow to: separate projections
+    (views of two buffers), one fused QKV projection (views of one buffer, V passing through), or
+    contiguous copies (not views)."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(b, s, hidden, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    weights = [torch.randn(n * d, hidden, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+               for n in (h, kv, kv)]
+    if kind == "fused":  # sliced, as models with one QKV projection do (split's views cannot be written)
+        qkv = x @ torch.cat(weights).T
+        q, k, v = qkv[..., :h * d], qkv[..., h * d:(h + kv) * d], qkv[..., (h + kv) * d:]
+    else:
+        q, k, v = (x @ w.T for w in weights)
+    Q, K = q.view(b, s, h, d).transpose(1, 2), k.view(b, s, kv, d).transpose(1, 2)
+    if kind == "copies":
+        Q, K = Q.contiguous(), K.contiguous()
+    return (x, *weights), Q, K, v
+
+
+def _loss(Q, K, V):
+    weights = torch.linspace(-1, 1, Q.numel(), dtype=Q.dtype, device=Q.device).view_as(Q)
+    return (Q * weights).sum() + (K**2).sum() + (V**3).sum()
+
+
+@pytest.mark.parametrize("kind", ["separate", "fused", "copies"])
+def test_rope_backward_rotates_q_and_k_in_one_launch_with_hf_gradients(kind, device, monkeypatch):
+    cos, sin = (t.double() for t in rotary_table(16, 8, 10000.0, device=device))
+    leaves, Q, K, V = _projections(kind, device)
+    expected = torch.autograd.grad(_loss(*apply_rotary_pos_emb(Q, K, cos[:5][None], sin[:5][None]), V), leaves)
+
+    launches = []
+    original = rope_module._rope_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return original[grid]
+
+    monkeypatch.setattr(rope_module, "_rope_kernel", Counting())
+    leaves, Q, K, V = _projections(kind, device)
+    rotated = kernels.rope(Q, K, cos, sin)
+    assert rotated[0] is Q and rotated[1] is K
+    Q.register_hook(lambda g: g)  # torch crashed here before rope refreshed the views' history
+    launches.clear()
+    got = torch.autograd.grad(_loss(Q, K, V), leaves)
+    assert len(launches) == 1
+    for g, e in zip(got, expected):
+        assert torch.equal(g, e)
+
+
+def test_rope_backward_with_a_gradient_for_k_alone(device):
+    cos, sin = rotary_table(16, 8, 10000.0, device=device)
+    Q0 = torch.randn(2, 4, 5, 8, device=device, requires_grad=True)
+    K0 = torch.randn(2, 2, 5, 8, device=device, requires_grad=True)
+    _, K = kernels.rope(Q0.clone(), K0.clone(), cos, sin)
+    dK, = torch.autograd.grad(K.sum(), K0)
+    _, K_hf = apply_rotary_pos_emb(Q0, K0, cos[:5][None], sin[:5][None])
+    assert torch.equal(dK, torch.autograd.grad(K_hf.sum(), K0)[0])
+
+
+def test_rope_still_bumps_every_version_counter_a_saved_tensor_depends_on(device):
+    cos, sin = (t.double() for t in rotary_table(16, 8, 10000.0, device=device))
+    _, Q, K, _ = _projections("separate", device)
+    saved = (Q * Q).sum()  # saves Q for its backward
+    kernels.rope(Q, K, cos, sin)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()
+
+
+def test_rope_refuses_views_autograd_forbids_writing_before_rotating_them(device):
+    cos, sin = rotary_table(16, 8, 10000.0, device=device)
+    qk = torch.randn(2, 5, 48, device=device, requires_grad=True).clone()
+    q, k = qk.split([32, 16], dim=-1)
+    Q, K = q.view(2, 5, 4, 8).transpose(1, 2), k.view(2, 5, 2, 8).transpose(1, 2)
+    before = qk.detach().clone()
+    with pytest.raises(ValueError, match=r"Q is a view from a function returning several views \(split"):
+        kernels.rope(Q, K, cos, sin)
+    assert torch.equal(qk.detach(), before)  # refused before the kernel touched it
+    with torch.no_grad():
+        Q = qk[..., :32].view(2, 5, 4, 8).transpose(1, 2)
+    with pytest.raises(ValueError, match="Q is a view made in no_grad mode"):
+        kernels.rope(Q, qk[..., 32:].view(2, 5, 2, 8).transpose(1, 2), cos, sin)
