@@ -35,7 +35,7 @@ PATHS = {"forward": ("rows", "looped"), "backward": ("rows", "split")}
 class Config:
     path: str  # see the module docstring
     warps: int
-    rows: int = 1  # rows per program ("rows" forward) or per loop step (backward)
+    rows: int = 1  # rows per program ("rows" forward), swept together ("looped") or per loop step (backward)
     chunk: int = 0  # columns per step of the "looped" and "split" paths
     programs_per_sm: int = 1  # persistent programs ("looped", backward "rows") or row ranges per chunk ("split")
     stages: int = 1  # "looped": steps whose loads are in flight at once (the backward sizes its own)
@@ -69,7 +69,7 @@ def lookup(pass_name: str, n_cols: int, n_rows: int, slots: int) -> Config:
     block = next_power_of_2(n_cols)
     width = min(max(block, NARROWEST), WIDEST)
     config = table()[pass_name][width]
-    if config.path != "rows":
+    if config.path not in ("rows", "looped"):
         return config
     rows = config.rows * (width // block)  # narrower than measured: the same elements per program
     rows = min(rows, _floor_power_of_2(n_rows // max(slots, 1)))

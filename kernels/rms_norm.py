@@ -80,27 +80,31 @@ def _rms_norm_forward_looped_kernel(
     n_rows, n_cols, L1, L2, eps_hi, eps_lo,
     GEMMA: tl.constexpr,
     COMPUTE: tl.constexpr,
+    ROWS: tl.constexpr,  # rows swept together (each chunk of W is loaded once for all of them)
     CHUNK: tl.constexpr,  # columns per step
     NUM_STAGES: tl.constexpr,  # steps whose loads are in flight at once
 ):
-    # Persistent: few rows are in flight at once, so the second sweep finds its row in L2.
-    for program_row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        row = tl.cast(program_row, tl.int64)
-        x_row = X_ptr + _row_offsets(row, L1, L2, X_s0, X_s1, X_s2)
-        squares = tl.zeros([CHUNK], dtype=COMPUTE)
+    # Persistent: few rows are in flight at once, so the second sweep finds its rows in L2.
+    for group in tl.range(tl.program_id(0), tl.cdiv(n_rows, ROWS), tl.num_programs(0)):
+        rows = tl.cast(group, tl.int64) * ROWS + tl.arange(0, ROWS)
+        row_mask = rows < n_rows
+        x_rows = X_ptr + _row_offsets(rows, L1, L2, X_s0, X_s1, X_s2)[:, None]
+        squares = tl.zeros([ROWS, CHUNK], dtype=COMPUTE)
         for start in tl.range(0, n_cols, CHUNK, num_stages=NUM_STAGES):
             cols = start + tl.arange(0, CHUNK).to(tl.int64)
-            x = tl.load(x_row + cols * X_col_stride, mask=cols < n_cols, other=0.0).to(COMPUTE)
+            mask = row_mask[:, None] & (cols < n_cols)[None, :]
+            x = tl.load(x_rows + cols[None, :] * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
             squares += x * x
-        inv_var = _inv_rms(tl.sum(squares, axis=0), n_cols, eps_hi, eps_lo, COMPUTE)
-        tl.store(inv_var_ptr + row, inv_var)
+        inv_var = _inv_rms(tl.sum(squares, axis=1), n_cols, eps_hi, eps_lo, COMPUTE)
+        tl.store(inv_var_ptr + rows, inv_var, mask=row_mask)
         for start in tl.range(0, n_cols, CHUNK, num_stages=NUM_STAGES):
             cols = start + tl.arange(0, CHUNK).to(tl.int64)
-            mask = cols < n_cols
-            x = tl.load(x_row + cols * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
-            w = tl.load(W_ptr + cols * W_col_stride, mask=mask, other=0.0).to(COMPUTE)
-            y = _scaled(x * inv_var, w, X_ptr.dtype.element_ty, GEMMA, COMPUTE)
-            tl.store(Y_ptr + row * n_cols + cols, y, mask=mask)
+            col_mask = cols < n_cols
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(x_rows + cols[None, :] * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
+            w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
+            y = _scaled(x * inv_var[:, None], w[None, :], X_ptr.dtype.element_ty, GEMMA, COMPUTE)
+            tl.store(Y_ptr + rows[:, None] * n_cols + cols[None, :], y, mask=mask)
 
 
 @triton.jit
@@ -295,9 +299,9 @@ def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,
             eps_hi, eps_lo)
     with launching():
         if config.path == "looped":
-            _rms_norm_forward_looped_kernel[(min(n_rows, config.programs_per_sm * slots),)](
-                *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], CHUNK=config.chunk,
-                NUM_STAGES=_stages(config.chunk * X.element_size(), config.stages),
+            _rms_norm_forward_looped_kernel[(min(cdiv(n_rows, config.rows), config.programs_per_sm * slots),)](
+                *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], ROWS=config.rows, CHUNK=config.chunk,
+                NUM_STAGES=_stages(config.rows * config.chunk * X.element_size(), config.stages),
                 num_warps=config.warps)
         else:
             _rms_norm_forward_kernel[(cdiv(n_rows, config.rows),)](

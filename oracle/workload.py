@@ -1,10 +1,10 @@
-"""What an op module tells the benchmark (oracle/bench.py): its peers and its workloads at the shapes
-models train at. GPU only; nothing here runs at import time."""
+"""What an op module tells the benchmark (oracle/bench.py): its peers, its workloads at the shapes models
+train at and, for some, a sweep across widths. GPU only; nothing here runs at import time."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -15,7 +15,7 @@ class Workload:
     """One op at one shape: inputs, and per implementation a forward and a forward+backward."""
 
     op: str
-    variant: str
+    variant: str  # the op's own variant: llama, gemma, plain, packed, ...
     dtype: torch.dtype
     fwd_bytes: int
     fwd_bwd_bytes: int
@@ -23,20 +23,36 @@ class Workload:
     forward_backward: dict[str, Callable[[], object]] = field(default_factory=dict)
     producer: Callable[[], object] | None = None  # what every fwd+bwd also runs (RoPE's clone)
     producer_bytes: int = 0  # memory the producer allocates, subtracted from peaks
-    fwd_bwd_target: float = 0.8  # forward+backward time at most this many times the fastest peer's (targets())
+    width: int | None = None  # columns of a sweep row; None at a model's shape
+
+    @property
+    def label(self) -> str:
+        """The variant as tables and the dashboard show it: a sweep row adds ", <width> cols"."""
+        return self.variant if self.width is None else f"{self.variant}, {self.width} cols"
+
+
+# Implementation name (kernels, eager, compile, liger) -> a factory of the callable it times. Factories, not
+# callables: every workload makes its own, so torch.compile's is a new static graph per shape.
+Peers = dict[str, Callable[[], Callable]]
 
 
 @dataclass(frozen=True)
 class Bench:
     """An op's part of the benchmark."""
 
-    # (include_liger) -> implementation name (kernels, eager, compile, liger) -> the callable it times;
-    # peers may take what HF's model hands them (RoPE's gathered table rows), not the contract's form
-    peers: Callable[[bool], dict[str, Callable]]
+    # (include_liger) -> its Peers; peers may take what HF's model hands them (RoPE's gathered table
+    # rows), not the contract's form
+    peers: Callable[[bool], Peers]
     # (peers, dtype) -> the workloads at model shapes
-    workloads: Callable[[dict[str, Callable], torch.dtype], list[Workload]]
-    # (peers) -> workloads across widths for the column sweep, labelled by their variant; None: no sweep
-    sweep: Callable[[dict[str, Callable]], list[Workload]] | None = None
+    workloads: Callable[[Peers, torch.dtype], Iterable[Workload]]
+    # (peers, widths) -> the sweep's workloads, built lazily (each holds its own inputs); None: no sweep
+    sweep: Callable[[Peers, Sequence[int]], Iterable[Workload]] | None = None
+    sweep_widths: tuple[int, ...] = ()  # the sweep's widths when the command line names none
+
+
+def instantiate(peers: Peers) -> dict[str, Callable]:
+    """The callables of one workload, one per implementation."""
+    return {name: make() for name, make in peers.items()}
 
 
 def randn_cuda(*shape, dtype, requires_grad=False) -> torch.Tensor:
@@ -55,6 +71,15 @@ def _compile_setup() -> None:
 
 
 def compiled(fn: Callable) -> Callable:
-    """torch.compile of ``fn`` at static shapes, as a model step compiles it."""
+    """torch.compile of ``fn`` at static shapes, as a model step that only ever sees one shape compiles
+    it (without ``dynamic=False`` the second shape would make dynamo recompile for dynamic shapes)."""
     _compile_setup()
-    return torch.compile(fn)
+    return torch.compile(fn, dynamic=False)
+
+
+def forget_compiled() -> None:
+    """Drop every graph dynamo holds, as a fresh process would start: the next workload's compile sees
+    only its own shape, and its guards are not checked against the shapes measured before."""
+    import torch._dynamo
+
+    torch._dynamo.reset()

@@ -40,10 +40,10 @@ def forward_candidates(width: int) -> list[Config]:
             continue
         out += [Config("rows", warps, rows=rows) for warps in _warps_for(tile)]
     if width >= 8192:
-        for chunk, per_sm, stages in itertools.product((4096, 8192, 16384), (1, 2, 4), (1, 2, 3)):
-            if chunk < width:
-                out += [Config("looped", warps, chunk=chunk, programs_per_sm=per_sm, stages=stages)
-                        for warps in _warps_for(chunk, (8, 16, 32))]
+        for rows, chunk, per_sm, stages in itertools.product((1, 2, 4), (4096, 8192, 16384), (1, 2, 4), (1, 2, 3)):
+            if chunk < width and rows * chunk <= 16384:
+                out += [Config("looped", warps, rows=rows, chunk=chunk, programs_per_sm=per_sm, stages=stages)
+                        for warps in _warps_for(rows * chunk, (8, 16, 32))]
     return out
 
 
@@ -93,7 +93,7 @@ def measure(pass_name: str, widths: list[int], out_path: Path) -> None:
 
     rms = importlib.import_module("kernels.rms_norm")
     result = {"pass": pass_name, "environment": environment(), "elements": ELEMENTS, "dtype": "bfloat16",
-              "command": f"python scripts/tune_rms_norm.py --pass {pass_name}", "widths": {}}
+              "command": " ".join(["python", *sys.argv]), "widths": {}}
     started = time.perf_counter()
     for width in widths:
         timed = _time_width(rms, pass_name, width)
@@ -107,12 +107,14 @@ def measure(pass_name: str, widths: list[int], out_path: Path) -> None:
 
 
 def merge(paths: list[Path], target: Path = CONFIG_FILE) -> None:
-    """One file per pass, measured on the GPU, into the table the kernels read."""
+    """Per-pass files measured on the GPU, into the table the kernels read; for a width measured
+    twice, the later file's measurement wins."""
     table = {"schema": SCHEMA}
     for path in paths:
         data = json.loads(path.read_text())
-        table[data["pass"]] = data["widths"]
-        table.setdefault("measured", {})[data["pass"]] = {k: data[k] for k in ("environment", "elements", "dtype", "command")}
+        table.setdefault(data["pass"], {}).update(data["widths"])
+        runs = table.setdefault("measured", {}).setdefault(data["pass"], [])
+        runs.append({k: data[k] for k in ("environment", "elements", "dtype", "command")} | {"widths": list(data["widths"])})
     missing = {"forward", "backward"} - table.keys()
     if missing:
         raise SystemExit(f"no measurements for {sorted(missing)}")

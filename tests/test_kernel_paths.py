@@ -25,7 +25,7 @@ rope_module = importlib.import_module("kernels.rope")
 # Chunks of 64 columns over 300: four full steps and a tail; rows per step that leave a tail too.
 PATHS = {
     "rows x4": (Config("rows", 4, rows=4), Config("rows", 4, rows=8, programs_per_sm=2)),
-    "looped / split": (Config("looped", 4, chunk=64, programs_per_sm=1, stages=3),
+    "looped / split": (Config("looped", 4, rows=2, chunk=64, programs_per_sm=1, stages=3),
                        Config("split", 4, rows=4, chunk=64, programs_per_sm=3)),
 }
 
@@ -75,7 +75,7 @@ def test_the_committed_table_holds_the_fastest_measured_setting_at_every_width()
     data = json.loads(configs.CONFIG_FILE.read_text())
     assert data["schema"] == configs.SCHEMA and "provisional" not in data
     for pass_name in ("forward", "backward"):
-        assert data["measured"][pass_name]["environment"]["device"] == "NVIDIA H200"
+        assert all(run["environment"]["device"] == "NVIDIA H200" for run in data["measured"][pass_name])
         widths = data[pass_name]
         assert sorted(map(int, widths)) == [2**k for k in range(7, 17)]
         for width, entry in widths.items():

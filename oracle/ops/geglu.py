@@ -18,7 +18,7 @@ from .. import cases as C
 from ..cases import Case
 from ..reference import mirrors
 from ..specs import ErrorInput, OpSpec, compute_dtype, layout_last_two, rounding_error, unit_roundoff, wide
-from ..workload import Bench, Workload, compiled, randn_cuda
+from ..workload import Bench, Peers, Workload, compiled, instantiate, randn_cuda
 from .elementwise import (elementwise_args, elementwise_cases, elementwise_errors, elementwise_stratified,
                           elementwise_scale, elementwise_sweep, lora_backward, raw_backward_into_buffers, raw_forward,
                           PROGRAMS)
@@ -136,20 +136,20 @@ def _geglu_errors() -> list[ErrorInput]:
 # --- the benchmark (GPU): Gemma-2-9B's MLP, 16384 tokens x 14336 ----------------------------------
 
 
-def _bench_peers(include_liger: bool) -> dict[str, Callable]:
+def _bench_peers(include_liger: bool) -> Peers:
     import kernels
 
     # Liger's GeGLU (tanh only) is not wired in: the spec declares no Liger counterpart.
-    return {"kernels": kernels.geglu, "eager": geglu, "compile": compiled(geglu)}
+    return {"kernels": lambda: kernels.geglu, "eager": lambda: geglu, "compile": lambda: compiled(geglu)}
 
 
-def geglu_workload(peers: dict[str, Callable], dtype, rows=16384, cols=14336) -> Workload:
+def geglu_workload(peers: Peers, dtype, rows=16384, cols=14336) -> Workload:
     e = randn_cuda(rows, cols, dtype=dtype, requires_grad=True)
     g = randn_cuda(rows, cols, dtype=dtype, requires_grad=True)
     dh = randn_cuda(rows, cols, dtype=dtype)
     e_bytes = e.numel() * e.element_size()
-    work = Workload("geglu", "tanh", dtype, fwd_bytes=3 * e_bytes, fwd_bwd_bytes=8 * e_bytes, fwd_bwd_target=1.0)
-    for name, fn in peers.items():
+    work = Workload("geglu", "tanh", dtype, fwd_bytes=3 * e_bytes, fwd_bwd_bytes=8 * e_bytes)
+    for name, fn in instantiate(peers).items():
         work.forward[name] = lambda fn=fn: fn(e, g, "tanh")
 
         def fwd_bwd(fn=fn):

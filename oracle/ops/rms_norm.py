@@ -6,7 +6,7 @@ Everything the harness knows about this op is here (docs/design.md §6).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from hypothesis import strategies as st
@@ -19,7 +19,7 @@ from ..reference import mirrors
 from ..scale import chunks, rows
 from ..specs import (DTYPES, ErrorInput, OpSpec, Programs, compute_dtype, fill, generator, layout_last_two,
                      rounding_error, unit_roundoff, wide)
-from ..workload import Bench, Workload, compiled, randn_cuda
+from ..workload import Bench, Peers, Workload, compiled, instantiate, randn_cuda
 
 
 # --- HF's maths -----------------------------------------------------------------------------------
@@ -420,26 +420,31 @@ def liger_rms_norm() -> Callable:
     return rms_norm
 
 
-def _bench_peers(include_liger: bool) -> dict[str, Callable]:
+def _bench_peers(include_liger: bool) -> Peers:
     import kernels
 
-    peers = {"kernels": kernels.rms_norm, "eager": rms_norm, "compile": compiled(rms_norm)}
+    peers = {"kernels": lambda: kernels.rms_norm, "eager": lambda: rms_norm, "compile": lambda: compiled(rms_norm)}
     if include_liger:
         try:
-            peers["liger"] = liger_rms_norm()
+            liger = liger_rms_norm()
         except ImportError:
             pass
+        else:
+            peers["liger"] = lambda: liger
     return peers
 
 
-def rms_norm_workload(peers: dict[str, Callable], dtype, rows=16384, cols=4096, variant="llama") -> Workload:
+def rms_norm_workload(peers: Peers, dtype, rows=16384, cols=4096, variant="llama", width=None,
+                      opt_in=True) -> Workload:
+    """``opt_in``: also time the kernels writing dX into dY (an unsafe option, not a peer's default)."""
     X = randn_cuda(rows, cols, dtype=dtype, requires_grad=True)
     W = (1 + 0.1 * torch.randn(cols, device="cuda")).to(dtype).requires_grad_()
     dY = randn_cuda(rows, cols, dtype=dtype)
     x_bytes = X.numel() * X.element_size()
-    work = Workload("rms_norm", variant, dtype, fwd_bytes=2 * x_bytes, fwd_bwd_bytes=5 * x_bytes)
+    work = Workload("rms_norm", variant, dtype, fwd_bytes=2 * x_bytes, fwd_bwd_bytes=5 * x_bytes, width=width)
     gemma = variant == "gemma"
-    for name, fn in peers.items():
+    impls = instantiate(peers)
+    for name, fn in impls.items():
         work.forward[name] = lambda fn=fn: fn(X, W, 1e-6, gemma)
 
         def fwd_bwd(fn=fn):
@@ -447,26 +452,33 @@ def rms_norm_workload(peers: dict[str, Callable], dtype, rows=16384, cols=4096, 
             return torch.autograd.grad(Y, (X, W), dY)
 
         work.forward_backward[name] = fwd_bwd
-    if "kernels" in peers:
+    if opt_in and "kernels" in impls:
         import kernels
 
-        def in_place(dY_own=dY.clone()):
+        dY_own = dY.clone()  # the caller owns it: the opt-in's premise
+
+        def in_place():
             Y = kernels.rms_norm(X, W, 1e-6, gemma, write_dx_into_dy=True)
-            return torch.autograd.grad(Y, (X, W), dY_own)  # the caller owns dY_own: the opt-in's premise
+            return torch.autograd.grad(Y, (X, W), dY_own)
 
         work.forward_backward["kernels (dX into dY)"] = in_place
     return work
 
 
-def column_sweep(peers: dict[str, Callable], dtype=torch.bfloat16, columns=(256, 1024, 4096, 16384, 65536),
-                 elements=2**26) -> list[Workload]:
-    """Across column counts at a fixed 64 Mi elements (128 MiB in bf16), against the fast peers."""
-    subset = {name: fn for name, fn in peers.items() if name in ("kernels", "compile", "liger")}
-    return [rms_norm_workload(subset, dtype, rows=elements // cols, cols=cols, variant=f"llama, {cols} cols")
-            for cols in columns]
+SWEEP_WIDTHS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 
 
-BENCH = Bench(peers=_bench_peers, workloads=lambda peers, dtype: [rms_norm_workload(peers, dtype)], sweep=column_sweep)
+def column_sweep(peers: Peers, widths=SWEEP_WIDTHS, dtype=torch.bfloat16, elements=2**26) -> Iterator[Workload]:
+    """Llama's and Gemma's RMSNorm across column counts at a fixed 64 Mi elements (128 MiB in bf16), one
+    workload at a time: each holds 3 x 128 MiB of inputs."""
+    for cols in widths:
+        for variant in ("llama", "gemma"):
+            yield rms_norm_workload(peers, dtype, rows=elements // cols, cols=cols, variant=variant, width=cols,
+                                    opt_in=False)
+
+
+BENCH = Bench(peers=_bench_peers, workloads=lambda peers, dtype: [rms_norm_workload(peers, dtype)],
+              sweep=column_sweep, sweep_widths=SWEEP_WIDTHS)
 
 
 # --- the spec -------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from ..cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering
 from ..memory import FUSE_HEADS
 from ..reference import mirrors
 from ..specs import (DTYPES, ErrorInput, OpSpec, Programs, fill, generator, layout_bshd, rounding_error, wide)
-from ..workload import Bench, Workload, compiled, randn_cuda
+from ..workload import Bench, Peers, Workload, compiled, instantiate, randn_cuda
 
 
 # --- HF's maths -----------------------------------------------------------------------------------
@@ -454,23 +454,24 @@ def liger_rope() -> Callable:
     return rope
 
 
-def _bench_peers(include_liger: bool) -> dict[str, Callable]:
+def _bench_peers(include_liger: bool) -> Peers:
     """The kernels take the table and the positions (the contract); the peers take each token's rows,
     gathered once per model step as HF does, so the gather is not timed against them."""
     import kernels
 
-    peers = {"kernels": kernels.rope, "eager": apply_rotary_pos_emb, "compile": compiled(apply_rotary_pos_emb)}
+    peers = {"kernels": lambda: kernels.rope, "eager": lambda: apply_rotary_pos_emb,
+             "compile": lambda: compiled(apply_rotary_pos_emb)}
     if include_liger:
         try:
             from liger_kernel.ops.rope import LigerRopeFunction
         except ImportError:
             pass
         else:
-            peers["liger"] = lambda q, k, cos, sin: LigerRopeFunction.apply(q, k, cos, sin)
+            peers["liger"] = lambda: LigerRopeFunction.apply
     return peers
 
 
-def rope_workload(peers: dict[str, Callable], dtype, packed: bool, batch=4, heads=32, kv_heads=8, seq=4096,
+def rope_workload(peers: Peers, dtype, packed: bool, batch=4, heads=32, kv_heads=8, seq=4096,
                   head_dim=128) -> Workload:
     Q0 = randn_cuda(batch, heads, seq, head_dim, dtype=dtype, requires_grad=True)
     K0 = randn_cuda(batch, kv_heads, seq, head_dim, dtype=dtype, requires_grad=True)
@@ -485,7 +486,7 @@ def rope_workload(peers: dict[str, Callable], dtype, packed: bool, batch=4, head
     qk_bytes = (Q0.numel() + K0.numel()) * Q0.element_size()
     work = Workload("rope", "packed" if packed else "plain", dtype, fwd_bytes=2 * qk_bytes, fwd_bwd_bytes=4 * qk_bytes,
                     producer=lambda: (Q0.clone(), K0.clone()), producer_bytes=qk_bytes)
-    for name, fn in peers.items():
+    for name, fn in instantiate(peers).items():
         if name == "kernels":
             def call(Q, K, fn=fn):
                 return fn(Q, K, cos_table, sin_table, positions)

@@ -17,7 +17,7 @@ from ..cases import (Case)
 from ..reference import mirrors
 from ..specs import (OpSpec, compute_dtype, layout_last_two,
                      rounding_error, unit_roundoff, wide)
-from ..workload import Bench, Workload, compiled, randn_cuda
+from ..workload import Bench, Peers, Workload, compiled, instantiate, randn_cuda
 from .elementwise import (elementwise_args, elementwise_cases, elementwise_errors, elementwise_stratified,
                           elementwise_scale, elementwise_sweep, lora_backward, raw_backward_into_buffers, raw_forward,
                           PROGRAMS)
@@ -114,25 +114,27 @@ def liger_swiglu() -> Callable:
     return lambda e, g: LigerSiLUMulFunction.apply(e, g)
 
 
-def _bench_peers(include_liger: bool) -> dict[str, Callable]:
+def _bench_peers(include_liger: bool) -> Peers:
     import kernels
 
-    peers = {"kernels": kernels.swiglu, "eager": swiglu, "compile": compiled(swiglu)}
+    peers = {"kernels": lambda: kernels.swiglu, "eager": lambda: swiglu, "compile": lambda: compiled(swiglu)}
     if include_liger:
         try:
-            peers["liger"] = liger_swiglu()
+            liger = liger_swiglu()
         except ImportError:
             pass
+        else:
+            peers["liger"] = lambda: liger
     return peers
 
 
-def swiglu_workload(peers: dict[str, Callable], dtype, rows=16384, cols=14336) -> Workload:
+def swiglu_workload(peers: Peers, dtype, rows=16384, cols=14336) -> Workload:
     e = randn_cuda(rows, cols, dtype=dtype, requires_grad=True)
     g = randn_cuda(rows, cols, dtype=dtype, requires_grad=True)
     dh = randn_cuda(rows, cols, dtype=dtype)
     e_bytes = e.numel() * e.element_size()
-    work = Workload("swiglu", "default", dtype, fwd_bytes=3 * e_bytes, fwd_bwd_bytes=8 * e_bytes, fwd_bwd_target=1.0)
-    for name, fn in peers.items():
+    work = Workload("swiglu", "default", dtype, fwd_bytes=3 * e_bytes, fwd_bwd_bytes=8 * e_bytes)
+    for name, fn in instantiate(peers).items():
         work.forward[name] = lambda fn=fn: fn(e, g)
 
         def fwd_bwd(fn=fn):

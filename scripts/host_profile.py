@@ -1,0 +1,125 @@
+"""Where a call's host time goes, on the GPU machine: the floor every implementation pays (autograd,
+one Triton launch by argument count, a custom Function) and a cProfile of the kernels' RMSNorm and
+RoPE forward+backward at Llama-3-8B shapes.
+
+    python scripts/host_profile.py            # prints; the note of the performance issue quotes it
+"""
+
+from __future__ import annotations
+
+import cProfile
+import importlib
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import kernels
+from oracle.ops.rope import rotary_table
+
+CALLS, LOOPS = 200, 7
+
+
+def host_us(fn) -> float:
+    """Best of LOOPS loops: microseconds the host spends issuing one call (the GPU is synchronised
+    between loops, never inside one)."""
+    fn()
+    best = float("inf")
+    for _ in range(LOOPS):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        best = min(best, (time.perf_counter() - start) / CALLS * 1e6)
+    torch.cuda.synchronize()
+    return best
+
+
+@triton.jit
+def _empty_8(a, b, c, d, e, f, g, h, N: tl.constexpr):
+    pass
+
+
+@triton.jit
+def _empty_32(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
+              c0, c1, c2, c3, c4, c5, c6, c7, d0, d1, d2, d3, d4, d5, d6, d7, N: tl.constexpr):
+    pass
+
+
+class _Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def floor() -> None:
+    x = torch.randn(16, device="cuda", requires_grad=True)
+    ptr = torch.empty(16, device="cuda")
+    ints = list(range(3, 35))
+    rows = [
+        ("torch.autograd.grad of y = x * 1", lambda: torch.autograd.grad(x * 1, x, torch.ones_like(x))),
+        ("custom Function apply + grad", lambda: torch.autograd.grad(_Identity.apply(x), x, torch.ones_like(x))),
+        ("one Triton launch, 8 arguments", lambda: _empty_8[(1,)](ptr, ptr, 3, 4, 5, 6, 7, 8, N=1)),
+        ("one Triton launch, 32 arguments", lambda: _empty_32[(1,)](ptr, ptr, *ints[2:], N=1)),
+        ("torch.empty", lambda: torch.empty(16, device="cuda")),
+        ("tensor.clone", lambda: ptr.clone()),
+    ]
+    for name, fn in rows:
+        print(f"floor  {name:36s} {host_us(fn):7.1f} us", flush=True)
+
+
+def workloads() -> dict:
+    X = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    W = torch.ones(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dY = torch.randn_like(X)
+    Q0 = torch.randn(4, 32, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    K0 = torch.randn(4, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dQ, dK = torch.randn_like(Q0), torch.randn_like(K0)
+    cos, sin = rotary_table(4096, 128, 500000.0, device="cuda")
+
+    def rope_fwd_bwd():
+        Q, K = Q0.clone(), K0.clone()
+        return torch.autograd.grad(kernels.rope(Q, K, cos, sin), (Q0, K0), (dQ, dK))
+
+    return {
+        "rms_norm fwd": lambda: kernels.rms_norm(X.detach(), W.detach(), 1e-6),
+        "rms_norm fwd+bwd": lambda: torch.autograd.grad(kernels.rms_norm(X, W, 1e-6), (X, W), dY),
+        "rope fwd (no autograd)": lambda: kernels.rope(Q0.detach().clone(), K0.detach().clone(), cos, sin),
+        "rope fwd+bwd": rope_fwd_bwd,
+        "rope's two clones + grad alone": lambda: torch.autograd.grad((Q0.clone(), K0.clone()), (Q0, K0), (dQ, dK)),
+    }
+
+
+def main() -> None:
+    print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
+    floor()
+    calls = workloads()
+    for name, fn in calls.items():
+        print(f"kernels {name:34s} {host_us(fn):7.1f} us host per call", flush=True)
+    for name in ("rms_norm fwd+bwd", "rope fwd+bwd"):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(CALLS):
+            calls[name]()
+        profiler.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(22)
+        print(f"\n--- cProfile, {CALLS} calls of kernels {name} (tottime) ---")
+        print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
+
+
+if __name__ == "__main__":
+    importlib.import_module("kernels.rope")
+    main()

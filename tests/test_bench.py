@@ -1,0 +1,348 @@
+"""The benchmark's logic on the CPU (python -m oracle.bench itself needs a GPU): its targets, its gate, the
+host-loop timer, the run's plumbing on stub workloads, the sweep's figure and the command line's refusals."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from oracle import bench
+from oracle.bench import Timing, gate, host_and_loop_ms, main, ratios_to_compile, tally, targets
+from oracle.ops import SPECS
+from oracle.workload import Bench, Workload
+
+FIXTURE = Path(__file__).parent / "data" / "bench" / "sweep-small.json"
+COPY_TBPS = 4.0
+ELEMENTS = 2**26
+FWD_BYTES = 4 * ELEMENTS  # bf16, read once and written once
+
+
+def _fwd_ms(fraction_of_copy: float) -> float:
+    """The forward GPU time that reaches ``fraction_of_copy`` of COPY_TBPS."""
+    return FWD_BYTES / (fraction_of_copy * COPY_TBPS * 1e12) * 1e3
+
+
+def _timing(impl, width=None, variant="llama", fraction=0.9, gpu=0.20, loop=0.22, peak=250.0, op="rms_norm"):
+    label = variant if width is None else f"{variant}, {width} cols"
+    return Timing(op, label, "bfloat16", impl, op_variant=variant, width=width, fwd_ms=_fwd_ms(fraction) * 1.05,
+                  fwd_bwd_ms=gpu * 2, fwd_gpu_ms=_fwd_ms(fraction), fwd_bwd_gpu_ms=gpu, fwd_host_ms=0.02,
+                  fwd_bwd_host_ms=0.1, fwd_loop_ms=_fwd_ms(fraction) * 1.1, fwd_bwd_loop_ms=loop, fwd_bytes=FWD_BYTES,
+                  fwd_bwd_bytes=FWD_BYTES * 5 // 2, peak_mb=peak)
+
+
+def _workload(width=None, variant="llama", **ours) -> list[Timing]:
+    """kernels (changed by ``ours``), eager, compile and liger at one shape, where every target holds."""
+    return [_timing("kernels", width, variant, **ours),
+            _timing("eager", width, variant, fraction=0.07, gpu=2.6, loop=2.7, peak=1600.0),
+            _timing("compile", width, variant, fraction=0.8, gpu=0.21, loop=0.70, peak=300.0),
+            _timing("liger", width, variant, fraction=0.88, gpu=0.25, loop=0.80, peak=130.0)]
+
+
+def _row(timings: list[Timing]) -> dict:
+    rows = targets(timings, COPY_TBPS)
+    assert len(rows) == 1
+    return rows[0]
+
+
+# --- targets ------------------------------------------------------------------------------------
+
+
+def test_every_target_holds_on_a_run_that_meets_them():
+    timings = _workload() + _workload(128, "gemma", fraction=0.72) + _workload(65536, "llama")
+    rows = targets(timings, COPY_TBPS)
+    assert [(r["variant"], r["width"]) for r in rows] == [("llama", None), ("gemma, 128 cols", 128),
+                                                          ("llama, 65536 cols", 65536)]
+    for row in rows:
+        assert row["fwd_gpu_ok"] and row["fwd_bwd_gpu_ok"] and row["memory_ok"], row
+    assert rows[0]["wall_ok"] is True and rows[0]["wall_reason"] == "1.3x gpu"
+    assert [r["wall_ok"] for r in rows[1:]] == [None, None]  # the wall target is the model shapes' only
+    assert tally(rows) == (3 * 3 + 1, 0)
+    assert all(bench.target_line(r).startswith("target rms_norm") for r in rows)
+
+
+@pytest.mark.parametrize("width, fraction, ok", [(128, 0.72, True), (128, 0.68, False), (256, 0.86, True),
+                                                 (256, 0.72, False), (None, 0.84, False), (None, 0.86, True)])
+def test_forward_needs_85_percent_of_copy_and_70_at_128_columns(width, fraction, ok):
+    row = _row(_workload(width, fraction=fraction))
+    assert row["fwd_target"] == (0.70 if width == 128 else 0.85)
+    assert row["fwd_gpu_ok"] is ok
+    assert ("MISS" in bench.target_line(row).split("|")[0]) is not ok
+
+
+@pytest.mark.parametrize("ratio, ok", [(0.99, True), (1.0, True), (1.01, False)])
+def test_forward_backward_at_most_the_faster_of_compile_and_liger(ratio, ok):
+    row = _row(_workload(256, gpu=0.21 * ratio))  # compile (0.21) is faster than liger (0.25)
+    assert row["fastest_peer"] == "compile"
+    assert row["fwd_bwd_gpu_vs_fastest_peer"] == pytest.approx(ratio)
+    assert row["fwd_bwd_gpu_ok"] is ok
+
+
+def test_without_liger_compile_alone_is_the_peer():
+    timings = [t for t in _workload() if t.impl != "liger"]
+    timings = [replace(t, fwd_bwd_gpu_ms=0.5) if t.impl == "compile" else t for t in timings]
+    row = _row(timings)
+    assert row["fastest_peer"] == "compile" and row["fwd_bwd_gpu_ok"]
+    assert not _row([replace(t, fwd_bwd_gpu_ms=0.6) if t.impl == "kernels" else t for t in timings])["fwd_bwd_gpu_ok"]
+
+
+@pytest.mark.parametrize("peak, ok", [(300.0, True), (200.0, True), (301.0, False)])
+def test_peak_memory_against_compiles_not_the_leanest_peers(peak, ok):
+    row = _row(_workload(peak=peak))  # liger's 130 MiB would fail them all
+    assert row["compile_peak_mb"] == 300.0 and row["leanest_peer_mb"] == 130.0
+    assert row["memory_ok"] is ok
+
+
+def test_missing_measurements_miss():
+    timings = [replace(t, peak_mb=None, fwd_gpu_ms=None, fwd_bwd_gpu_ms=None, fwd_bwd_loop_ms=None)
+               if t.impl == "kernels" else t for t in _workload()]
+    row = _row(timings)
+    assert not (row["fwd_gpu_ok"] or row["fwd_bwd_gpu_ok"] or row["memory_ok"] or row["wall_ok"])
+    assert tally([row]) == (0, 4)
+
+
+@pytest.mark.parametrize("loop, ok, reason", [(0.26, True, "1.3x gpu"),  # 1.3 x 0.20 = 0.26
+                                              (0.65, True, "<= fastest peer wall"),  # compile's loop: 0.70
+                                              (0.75, False, "MISS")])
+def test_wall_within_1_3x_gpu_or_else_no_slower_than_the_fastest_peer(loop, ok, reason):
+    row = _row(_workload(loop=loop))
+    assert (row["wall_ok"], row["wall_reason"]) == (ok, reason)
+    assert row["fastest_wall_peer"] == "compile" and row["fastest_peer_loop_ms"] == 0.70
+    assert bench.target_line(row).endswith(f"ok ({reason})" if ok else "MISS")
+
+
+# --- the gate -----------------------------------------------------------------------------------
+
+
+def _run(sweep_kernels_gpu=None) -> dict:
+    """A stored run's JSON: one model shape and a sweep of two widths and both variants."""
+    sweep = [t for width in (256, 4096) for variant in ("llama", "gemma") for t in _workload(width, variant)]
+    if sweep_kernels_gpu:
+        sweep = [replace(t, fwd_bwd_gpu_ms=sweep_kernels_gpu)
+                 if (t.impl, t.op_variant, t.width) == ("kernels", "gemma", 256) else t for t in sweep]
+    return {"schema": bench.SCHEMA, "timings": [asdict(t) for t in _workload()],
+            "column_sweep": [asdict(t) for t in sweep]}
+
+
+def test_gate_compares_gpu_ratios_at_model_shapes_and_every_sweep_row():
+    ratios = ratios_to_compile(_run())
+    assert len(ratios) == 2 * (1 + 4)
+    assert "rms_norm/llama/bfloat16/fwd_bwd (gpu)" in ratios
+    assert "rms_norm/gemma/256 cols/bfloat16/fwd_bwd (gpu)" in ratios
+    report = gate(_run(), _run())
+    assert report.regressions == [] and report.new == [] and report.gone == [] and report.compared == 10
+
+
+def test_gate_names_a_sweep_row_15_percent_slower_against_compile():
+    report = gate(_run(sweep_kernels_gpu=0.20 * 1.15), _run())
+    assert len(report.regressions) == 1
+    assert report.regressions[0].startswith("rms_norm/gemma/256 cols/bfloat16/fwd_bwd (gpu):")
+    assert "+15%" in report.regressions[0]
+
+
+def test_gate_passes_5_percent():
+    assert gate(_run(sweep_kernels_gpu=0.20 * 1.05), _run()).regressions == []
+
+
+def test_gate_reports_new_and_gone_keys_without_failing():
+    current, baseline = _run(), _run()
+    current["column_sweep"] += [asdict(t) for t in _workload(65536, "llama", gpu=9.9)]
+    baseline["timings"] = []
+    report = gate(current, baseline)
+    assert report.regressions == []
+    assert report.new == sorted([f"rms_norm/llama/65536 cols/bfloat16/{p} (gpu)" for p in ("fwd", "fwd_bwd")]
+                                + [f"rms_norm/llama/bfloat16/{p} (gpu)" for p in ("fwd", "fwd_bwd")])
+    assert report.gone == []
+    assert gate(baseline, current).gone == report.new
+
+
+def test_gate_falls_back_to_wall_where_a_gpu_time_is_missing():
+    run = _run()
+    for t in run["timings"]:
+        if t["impl"] == "compile":
+            t["fwd_bwd_gpu_ms"] = None
+    ratios = ratios_to_compile(run)
+    assert "rms_norm/llama/bfloat16/fwd_bwd (wall)" in ratios and "rms_norm/llama/bfloat16/fwd_bwd (gpu)" not in ratios
+    report = gate(run, _run())  # a change of basis is a new key and a gone one, never compared
+    assert report.regressions == [] and report.new == ["rms_norm/llama/bfloat16/fwd_bwd (wall)"]
+
+
+# --- the host-loop timer ------------------------------------------------------------------------
+
+
+def test_host_loop_timer_on_a_cpu_function():
+    calls, syncs = [], []
+    host, loop = host_and_loop_ms(lambda: calls.append(sum(range(200))), lambda: syncs.append(1))
+    assert len(calls) == 1 + bench.HOST_LOOPS * bench.HOST_CALLS  # one warm-up
+    assert len(syncs) == 2 * bench.HOST_LOOPS
+    assert 0 < host <= loop
+
+
+def test_host_loop_timer_separates_issuing_from_draining():
+    now = [0.0]
+
+    def clock():
+        return now[0]
+
+    def issue():  # 1 ms of host time per call
+        now[0] += 1e-3
+
+    def drain():  # the GPU finishes 6 ms after the last call was issued
+        now[0] += 6e-3
+
+    host, loop = host_and_loop_ms(issue, drain, calls=3, loops=5, clock=clock)
+    assert host == pytest.approx(1.0)
+    assert loop == pytest.approx((3 + 6) / 3)
+
+
+# --- the run's plumbing, on stub workloads ------------------------------------------------------
+
+
+def _stub_bench() -> Bench:
+    """A CPU op: a fwd, a fwd+bwd, a producer whose cost is subtracted, and a two-width sweep."""
+
+    def workload(peers, dtype, width=None):
+        x = torch.ones(8, width or 4, dtype=dtype, requires_grad=True)
+        work = Workload("stub", "plain", dtype, fwd_bytes=64, fwd_bwd_bytes=128, width=width,
+                        producer=lambda: x.detach().clone(), producer_bytes=2**20)
+        for name, make in peers.items():
+            fn = make()
+            work.forward[name] = lambda fn=fn: fn(x)
+            work.forward_backward[name] = lambda fn=fn: torch.autograd.grad(fn(x).sum(), x)
+        return work
+
+    peers = {"kernels": lambda: torch.sin, "compile": lambda: torch.cos, "eager": lambda: torch.tanh}
+    return Bench(peers=lambda include_liger: peers, workloads=lambda p, dtype: [workload(p, dtype)],
+                 sweep=lambda p, widths: (workload(p, torch.bfloat16, w) for w in widths), sweep_widths=(16, 32))
+
+
+@pytest.fixture
+def stub_run(monkeypatch):
+    """bench.run with the GPU's parts replaced: fixed timings, the stub op as the only spec."""
+    monkeypatch.setattr(bench, "SPECS", {"stub": SimpleNamespace(bench=_stub_bench())})
+    monkeypatch.setattr(bench, "copy_bandwidth_tbps", lambda: COPY_TBPS)
+    monkeypatch.setattr(bench, "median_ms", lambda fn: (fn(), 1.0)[1])
+    monkeypatch.setattr(bench, "graph_ms", lambda fn: (fn(), 0.5)[1])
+    monkeypatch.setattr(bench, "peak_mb", lambda fn: (fn(), 3.0)[1])
+    monkeypatch.setattr(bench, "host_and_loop_ms", lambda fn, sync: (fn(), (0.1, 0.7))[1])
+    monkeypatch.setattr(bench, "forget_compiled", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    return bench.run
+
+
+def test_run_measures_model_shapes_and_the_sweep_and_judges_both(stub_run, capsys):
+    result = stub_run(widths=(16, 64))
+    printed = capsys.readouterr().out
+    assert "] stub plain bfloat16" in printed and "] stub plain float16" in printed
+    assert "] stub plain width 64 bfloat16" in printed  # the progress line of each workload
+    assert {(t["dtype"], t["width"]) for t in result["timings"]} == {("bfloat16", None), ("float16", None)}
+    assert {(t["variant"], t["op_variant"], t["width"]) for t in result["column_sweep"]} == {
+        ("plain, 16 cols", "plain", 16), ("plain, 64 cols", "plain", 64)}
+    kernels = result["timings"][0]
+    # the producer's own figures (the same stubs) are subtracted from every fwd+bwd figure, its memory too
+    assert (kernels["fwd_bwd_ms"], kernels["fwd_bwd_gpu_ms"], kernels["fwd_bwd_host_ms"], kernels["fwd_bwd_loop_ms"],
+            kernels["peak_mb"]) == (0.0, 0.0, 0.0, 0.0, 2.0)
+    assert (kernels["fwd_ms"], kernels["fwd_gpu_ms"], kernels["fwd_host_ms"], kernels["fwd_loop_ms"]) == (
+        1.0, 0.5, 0.1, 0.7)
+    assert len(result["targets"]) == 4 and result["schema"] == "kernel-oracle/bench/2"
+    assert result["targets_held"] + result["targets_missed"] == 3 * 4 + 2
+    json.dumps(result)  # stored as it is
+
+
+def test_no_workload_starts_past_the_budget(stub_run, capsys):
+    result = stub_run(budget_s=0)
+    assert result["timings"] == result["column_sweep"] == result["targets"] == []
+    assert result["skipped"] == ["stub plain bfloat16", "stub plain float16", "stub plain width 16 bfloat16",
+                                 "stub plain width 32 bfloat16"]
+    assert "skipped, past the 0 s budget: stub plain width 32 bfloat16" in capsys.readouterr().out
+    assert stub_run(budget_s=3600)["skipped"] == []
+
+
+def test_quick_and_no_sweep_leave_the_sweep_out(stub_run):
+    assert stub_run(quick=True)["column_sweep"] == []
+    assert {t["dtype"] for t in stub_run(quick=True)["timings"]} == {"bfloat16"}
+    assert stub_run(sweep=False)["column_sweep"] == []
+    assert {t["width"] for t in stub_run()["column_sweep"]} == {16, 32}  # the spec's own widths by default
+
+
+# --- the specs' benchmarks ----------------------------------------------------------------------
+
+
+def test_every_workload_gets_a_fresh_static_torch_compile(monkeypatch):
+    made = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: made.append(options) or object())
+    for name in ("rms_norm", "rope", "swiglu", "geglu"):
+        peers = SPECS[name].bench.peers(False)
+        assert set(peers) == {"kernels", "eager", "compile"}
+        assert peers["compile"]() is not peers["compile"]()
+    assert made == [{"dynamic": False}] * 8
+
+
+def test_the_rms_norm_sweep_covers_nine_widths():
+    assert SPECS["rms_norm"].bench.sweep_widths == (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+
+
+# --- the figure ---------------------------------------------------------------------------------
+
+
+def test_plot_renders_the_sweep_as_a_deterministic_svg(tmp_path, capsys):
+    out = tmp_path / "columns.svg"
+    assert main(["--plot", str(FIXTURE), "--out", str(out)]) == 0
+    svg = out.read_text()
+    assert svg.startswith("<?xml") and "</svg>" in svg
+    assert "rms_norm llama" in svg and "rms_norm gemma" in svg
+    assert "dc:date" not in svg
+    assert main(["--plot", str(FIXTURE), "--out", str(tmp_path / "again.svg")]) == 0
+    assert (tmp_path / "again.svg").read_text() == svg
+    assert f"wrote {out}" in capsys.readouterr().out
+
+
+def _stored(tmp_path: Path, run) -> Path:
+    path = tmp_path / "run.json"
+    path.write_text(run if isinstance(run, str) else json.dumps(run))
+    return path
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda tmp: tmp / "absent.json", "cannot read it"),
+    (lambda tmp: _stored(tmp, "{not json"), "not JSON"),
+    (lambda tmp: _stored(tmp, {"schema": "kernel-oracle/bench/1", "column_sweep": [{}]}),
+     "schema 'kernel-oracle/bench/1', expected 'kernel-oracle/bench/2'"),
+    (lambda tmp: _stored(tmp, {"schema": bench.SCHEMA, "copy_tbps": 4.0, "column_sweep": []}), "no column sweep"),
+])
+def test_plot_refuses_what_it_cannot_draw(tmp_path, capsys, make, reason):
+    out = tmp_path / "columns.svg"
+    assert main(["--plot", str(make(tmp_path)), "--out", str(out)]) == 2
+    assert reason in capsys.readouterr().err
+    assert not out.exists()
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the benchmark would run")
+def test_without_a_gpu_the_benchmark_says_so_and_exits_2(capsys):
+    assert main([]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_the_gate_refuses_a_baseline_of_another_schema(tmp_path, capsys):
+    old = _run() | {"schema": "kernel-oracle/bench/1"}
+    assert main(["--gate", "--baseline", str(_stored(tmp_path, old))]) == 2
+    assert "expected 'kernel-oracle/bench/2'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--widths", "256,abc"], ["--widths", "0"], ["--quick", "--widths", "256"],
+                                  ["--no-sweep", "--widths", "256"], ["--out", "x.svg"]])
+def test_usage_errors(argv):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+
+
+def test_widths_parse():
+    assert bench._widths("256,65536") == (256, 65536)
