@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 
+@functools.cache  # fixed once the kernels are decorated (above), and asked on every call's path
 def interpreted() -> bool:
     """True when kernels run under Triton's CPU interpreter."""
     return bool(triton.knobs.runtime.interpret)
