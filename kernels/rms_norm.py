@@ -14,9 +14,19 @@ Backward, with g the gradient reaching ``normed`` and inv_var saved by forward (
     dX = inv_var * (g - normed * sum(g * normed) / n)        the closed form of d(x * inv_var)/dx
     dW = sum over rows of dY * normed (Llama: normed.to(x.dtype))
 
-dW is summed in fp32 by persistent programs, each owning a fixed, contiguous range of rows, into
-one partial row per program; a second small kernel sums the partials in a fixed order and casts
-once to W's dtype. Same inputs on the same device, same bits.
+Launch paths, chosen per width from measurements (kernels/_rms_norm_configs.py, the table in
+rms_norm_configs.json, written by scripts/tune_rms_norm.py on the H200):
+
+    forward   "rows":   several whole rows per program where rows are narrow (16 rows of 128).
+              "looped": rows too wide for one block (32768 and up) are swept twice in chunks by
+                        persistent programs, the second sweep reading the row back from L2.
+    backward  "rows":   persistent programs over contiguous row ranges, several rows per step.
+              "split":  for the widest rows, each row's sum(g * normed) first, then a 2-D grid of
+                        (row range, column chunk) programs writes dX and sums dW.
+
+dW is summed in fp32: each program accumulates its rows per row lane and column, reduces the lanes
+once, and writes one partial row; a second small kernel sums the partials in a fixed order and casts
+once to W's dtype. Every order is fixed by the shapes alone: same inputs on the same device, same bits.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from ._launch import TL_COMPUTE, cdiv, device_index, next_power_of_2, program_sl
 from ._layout import rows_addressable
 from ._rms_norm_configs import Config, lookup
 from ._runtime import launching
+
+MAX_COLUMNS = 65536  # the contract's widest row (every path could go wider; the specs test up to here)
 
 
 @triton.jit
@@ -275,9 +287,6 @@ def _validate(X: torch.Tensor, W: torch.Tensor, eps: object, gemma: object, writ
     _checks.require_bool("gemma", gemma)
     _checks.require_bool("write_dx_into_dy", write_dx_into_dy)
     return _checks.require_small_nonnegative("eps", eps)
-
-
-MAX_COLUMNS = 65536
 
 
 def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,

@@ -95,6 +95,8 @@ def workloads() -> dict:
     return {
         "rms_norm fwd": lambda: kernels.rms_norm(X.detach(), W.detach(), 1e-6),
         "rms_norm fwd+bwd": lambda: torch.autograd.grad(kernels.rms_norm(X, W, 1e-6), (X, W), dY),
+        "rms_norm gemma fwd": lambda: kernels.rms_norm(X.detach(), W.detach(), 1e-6, True),
+        "rms_norm gemma fwd+bwd": lambda: torch.autograd.grad(kernels.rms_norm(X, W, 1e-6, True), (X, W), dY),
         "rope fwd (no autograd)": lambda: kernels.rope(Q0.detach().clone(), K0.detach().clone(), cos, sin),
         "rope fwd+bwd": rope_fwd_bwd,
         "rope's two clones + grad alone": lambda: torch.autograd.grad((Q0.clone(), K0.clone()), (Q0, K0), (dQ, dK)),
