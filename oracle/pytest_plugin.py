@@ -11,8 +11,8 @@ Active:
 
 - ``--impl NAME|module:attr`` picks the implementation the generic tests (oracle/suite/) judge,
   ``--ops a,b`` restricts the ops asked of it, ``--scale`` adds the scale grid (tests marked
-  ``scale``: the sizes people train at, one case at a time per GPU; deselected without it). Before anything runs, the implementation is loaded
-  and must provide every op asked (oracle/impls.py, ``select``): an unimportable module, a typo in
+  ``scale``: the sizes people train at, one case at a time per GPU; deselected without it).
+  Before anything runs, the implementation is loaded and must provide every op asked (oracle/impls.py, ``select``): an unimportable module, a typo in
   an op name or a missing op fails the session with the reason; ops it declares it lacks are
   skipped and listed at the end.
 - Each worker runs on its own GPU when there are several (oracle/devices.py), else the CPU
@@ -88,13 +88,14 @@ def _asked(config) -> str | None:
 @pytest.hookimpl(tryfirst=True)  # the profile first: hypothesis's own configure applies --hypothesis-profile over it
 def pytest_configure(config):
     """Load the implementation asked and settle the ops asked of it, or fail the session before collection."""
-    config.addinivalue_line("markers", "scale: the scale grid, the sizes people train at (opt in with --scale)")
     config.oracle_impl_name = config.getoption("--impl") or config.getini("oracle_impl") or None
     name = _asked(config)
     if name is None:
-        if config.getoption("--ops"):
-            raise pytest.UsageError(f"--ops: {INACTIVE}")
+        for option in ("--ops", "--scale"):
+            if config.getoption(option):
+                raise pytest.UsageError(f"{option}: {INACTIVE}")
         return
+    config.addinivalue_line("markers", "scale: the scale grid, the sizes people train at (opt in with --scale)")
     global INFLIGHT
     if hasattr(config, "workerinput"):  # an xdist worker: note into the controller's folder
         INFLIGHT = Path(config.workerinput["oracle_inflight"])
@@ -132,14 +133,14 @@ def _loaded_profile() -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     """Deselect the scale grid unless --scale asks for it; skip, with the reason, the generic tests
-    of ops the run does not ask for."""
+    of ops the run does not ask for. Inert, it leaves another project's ``scale`` marks alone."""
+    if _asked(config) is None:
+        return
     if not config.getoption("--scale"):
         kept = [item for item in items if item.get_closest_marker("scale") is None]
         if len(kept) < len(items):
             config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("scale")])
             items[:] = kept
-    if _asked(config) is None:
-        return
     from oracle.impls import load
 
     impl = load(_asked(config))

@@ -227,16 +227,24 @@ def test_the_plugin_is_inert_in_another_project(tmp_path):
         "    # CI is set: hypothesis's own ci profile, as loaded by hypothesis, not the harness's\n"
         "    assert settings().max_examples == settings.get_profile('default').max_examples\n\n"
         "def test_asks_for_an_implementation(impl):\n"
+        "    pass\n\n"
+        "import pytest\n\n"
+        "@pytest.mark.scale  # their own marker of that name: the inert plugin must not deselect it\n"
+        "def test_their_own_scale_mark():\n"
         "    pass\n")
+    (tmp_path / "conftest.py").write_text(
+        "def pytest_configure(config):\n"
+        "    config.addinivalue_line('markers', 'scale: their own marker')\n")
 
     def pytest_(*args: str) -> str:
         proc = _run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], tmp_path, _outside_env())
         return f"rc={proc.returncode}\n{proc.stdout}{proc.stderr}"
 
     out = pytest_()
-    assert out.startswith("rc=1") and "1 passed, 1 error" in out, out
+    assert out.startswith("rc=1") and "2 passed, 1 error" in out and "deselected" not in out, out
     assert "fixture 'impl' of kernel-oracle: no implementation asked: pass --impl" in out, out
-    out = pytest_("--ops", "rms_norm")
-    assert out.startswith("rc=4") and "--ops: no implementation asked" in out, out
+    for option in ("--ops", "--scale"):
+        out = pytest_(option, *(["rms_norm"] if option == "--ops" else []))
+        assert out.startswith("rc=4") and f"{option}: no implementation asked" in out, out
     out = pytest_("-p", "no:oracle.pytest_plugin", "--impl", "hf")
     assert out.startswith("rc=4") and "unrecognized arguments: --impl" in out, out
