@@ -2,7 +2,8 @@
 # One call on the lent H200 (../shared/gpu.md): install what the image lacks, then run the steps
 # named on the command line, each logging under $OUT. Usage (device tool, carry .whl):
 #   bash scripts/h200.sh info tests thorough liger-tests
-#   bash scripts/h200.sh report liger-report bench
+#   bash scripts/h200.sh report liger-report bench      # bench: carry liger-kernel's wheel in .whl
+#   bash scripts/h200.sh tune-rms-norm host-profile
 #   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
 #   bash scripts/h200.sh unsloth-tests unsloth-report   # .whl holds unsloth and unsloth_zoo 2026.10.9
 #   bash scripts/h200.sh scale sanitize                 # the full sweep + scale grid as the baseline; compute-sanitizer
@@ -55,6 +56,14 @@ for step in "$@"; do
       timeout 300 python3 scripts/gpu_profile.py 2>&1 | tee "$OUT/profile.log";;
     tune)
       timeout 300 python3 scripts/tune.py 2>&1 | tee "$OUT/tune.log";;
+    tune-rms-norm)  # RMSNorm's launch table, one pass per GPU when there are two; merge here with --merge
+      CUDA_VISIBLE_DEVICES=0 timeout 400 python3 scripts/tune_rms_norm.py --pass forward --out "$OUT/tune-forward.json" \
+        > "$OUT/tune-forward.log" 2>&1 &
+      CUDA_VISIBLE_DEVICES=$(( $(nvidia-smi -L | wc -l) - 1 )) timeout 400 python3 scripts/tune_rms_norm.py --pass backward \
+        --out "$OUT/tune-backward.json" > "$OUT/tune-backward.log" 2>&1; wait
+      tail -10 "$OUT/tune-forward.log" "$OUT/tune-backward.log";;
+    host-profile)  # where a call's host time goes (autograd, Triton's launcher, the kernels' Python)
+      timeout 120 python3 scripts/host_profile.py 2>&1 | tee "$OUT/host-profile-h200.log" | head -20;;
     gate)  # the full sweep, gated against the committed H200 baseline (a new baseline: results.baseline_view of the JSON)
       timeout 400 python3 -m oracle.report --full --gate --json "$OUT/drift-h200.json" --html "$OUT/drift-h200.html" \
         2>&1 | tee "$OUT/report-h200.log" | tail -30;;
