@@ -87,14 +87,15 @@ def shared_input(spec: OpSpec, case: Case, impl: Implementation, device) -> list
 
 
 def retain_graph(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
-    """Two backwards through one graph: the second must equal the first bit for bit, or raise."""
+    """Two backwards through one graph: the second must equal the first bit for bit, or raise (or the
+    first, asked to retain the graph) with a message."""
     prepared = prepare(spec, case, device)
     args, leaves = place(spec, case, prepared.args, device, [])
     with torch.enable_grad():
         outs = spec.call(impl.op(spec.name), args)
         upstream = [prepared.upstream[n] for n in spec.outputs]
-        first = torch.autograd.grad(outs, list(leaves.values()), upstream, retain_graph=True)
-        try:
+        try:  # refusing to retain the graph at all (torch.compile's donated buffers) is a refusal too
+            first = torch.autograd.grad(outs, list(leaves.values()), upstream, retain_graph=True)
             second = torch.autograd.grad(outs, list(leaves.values()), upstream)
         except RuntimeError as exc:
             if str(exc).strip():

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 import time
 import traceback
@@ -24,9 +25,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from . import noise
 from . import reference as R
 from . import scale
-from .cases import Case, past_tiles
+from .cases import Case
 from .compare import TensorVerdict, judge, summation_noise
 from .impls import Implementation
 from .memory import BROADCAST_ROWS, CONTIGUOUS, GuardedTensor, Layout, Snapshot, bits, copy_into, rehomed_allocations
@@ -110,8 +112,11 @@ class CaseResult:
 
 def repro_command(case: Case, impl: str, check: str | None = None) -> str:
     """The one command that reruns exactly this case (and, given, one aliasing check of it)."""
+    from .registry import ORIGINS
+
     check_flag = f" --check {check}" if check else ""
-    return f"python -m oracle.repro --impl {shlex.quote(impl)}{check_flag} {shlex.quote(case.to_json())}"
+    module = f" --op-module {shlex.quote(ORIGINS[case.op])}" if case.op in ORIGINS else ""
+    return f"python -m oracle.repro --impl {shlex.quote(impl)}{module}{check_flag} {shlex.quote(case.to_json())}"
 
 
 # --- references ---------------------------------------------------------------------------------
@@ -163,12 +168,13 @@ class Prepared:
     order_noise: dict[str, torch.Tensor]  # the part of it another summation order moves
     compared_part: Callable[[str, torch.Tensor], torch.Tensor] = _whole  # (name, implementation's tensor) -> judged part
     scope: str = ""  # what was judged, where not the whole case
+    noise_model: str = "declared"  # which model judged it: the spec's own, or derived (noise_rule)
 
     def judge(self, name: str, got: torch.Tensor) -> TensorVerdict:
         """The verdict on one compared tensor of an implementation (compare.judge)."""
         return judge(name, self.compared_part(name, got), self.hf.tensors()[name], self.truth.tensors()[name],
                      self.reordered.tensors().get(name), self.sum_noise.get(name, 0.0), self.element_noise[name],
-                     self.order_noise.get(name))
+                     self.order_noise.get(name), hf_room=self.noise_model == "derived")
 
 
 def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient) -> Prepared:
@@ -181,16 +187,60 @@ def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient) -> 
     return _references(spec, case, args, upstream)
 
 
-def _references(spec: OpSpec, case: Case, args: dict, upstream: dict) -> Prepared:
-    hf = evaluate(spec, spec.reference, args, upstream)
-    truth = evaluate(spec, spec.reference, {k: R.upcast(v) for k, v in args.items()},
-                     {k: R.upcast(v) for k, v in upstream.items()}, compute=torch.float64)
-    reordered = evaluate(spec, spec.reference_reordered, args, upstream, compute=torch.float32)
-    sum_noise = {name: summation_noise(*terms(args, upstream), _accumulator(case))
-                 for name, terms in spec.summed.items()}
+NOISE_MODELS = ("declared", "derived")
+
+
+def noise_rule() -> str:
+    """Which noise model judges (ORACLE_NOISE_MODEL): ``declared``, each spec's hand-written one
+    where it has one and the derived one otherwise (the default); or ``derived`` everywhere, the
+    hand-written models switched off (oracle/noise, Note [The derived noise model])."""
+    rule = os.environ.get("ORACLE_NOISE_MODEL", "declared")
+    if rule not in NOISE_MODELS:
+        raise ValueError(f"ORACLE_NOISE_MODEL must be one of {', '.join(NOISE_MODELS)}, got {rule!r}")
+    return rule
+
+
+def uses_derived_noise(spec: OpSpec) -> bool:
+    return not spec.noise or noise_rule() == "derived"
+
+
+def noise_models(spec: OpSpec, case: Case, args: dict, upstream: dict) -> tuple[dict, dict, str, noise.DerivedModel | None]:
+    """Per compared tensor, the element noise and order noise that judge this case, which model
+    they come from, and the derived model when one was derived (it also holds the exact truth)."""
+    derived = None
+    if uses_derived_noise(spec) or not spec.takes_compute:
+        derived = noise.derive(spec, args, upstream, _compute(case))
+    if uses_derived_noise(spec):
+        return derived.noise, derived.order, "derived", derived
     element_noise = {name: model(args, upstream) for name, model in spec.noise.items()}
     order_noise = {name: model(args, upstream) for name, model in spec.order_noise.items()}
-    return Prepared(args, upstream, hf, truth, reordered, sum_noise, element_noise, order_noise)
+    return element_noise, order_noise, "declared", derived
+
+
+def _compute(case: Case) -> torch.dtype:
+    return torch.float64 if case.dtype == "float64" else torch.float32
+
+
+def _references(spec: OpSpec, case: Case, args: dict, upstream: dict) -> Prepared:
+    hf = evaluate(spec, spec.reference, args, upstream)
+    element_noise, order_noise, model, derived = noise_models(spec, case, args, upstream)
+    if spec.takes_compute:
+        truth = evaluate(spec, spec.reference, {k: R.upcast(v) for k, v in args.items()},
+                         {k: R.upcast(v) for k, v in upstream.items()}, compute=torch.float64)
+    else:  # a declared reference may hard-code its upcasts: the shadow evaluation's exact values
+        truth = _split(spec, derived.truth)
+    if spec.reference_reordered is not None:
+        reordered = evaluate(spec, spec.reference_reordered, args, upstream, compute=torch.float32)
+    else:
+        reordered = _split(spec, noise.reordered(spec, args, upstream, _compute(case)))
+    sum_noise = {name: summation_noise(*terms(args, upstream), _accumulator(case))
+                 for name, terms in spec.summed.items()}
+    return Prepared(args, upstream, hf, truth, reordered, sum_noise, element_noise, order_noise, noise_model=model)
+
+
+def _split(spec: OpSpec, tensors: dict[str, torch.Tensor]) -> Evaluation:
+    return Evaluation({n: tensors[n] for n in spec.outputs},
+                      {n: tensors[n] for n in spec.grad_names() if n in tensors})
 
 
 def _accumulator(case: Case) -> torch.dtype:
@@ -221,22 +271,39 @@ def _prepare_on_a_slice(spec: OpSpec, case: Case, args: dict, upstream_fn) -> Pr
 def _summed_over_every_program(spec: OpSpec, case: Case, prepared: Prepared, name: str, args: dict,
                                upstream: dict) -> None:
     """A gradient summed over every program, judged whole: HF's autograd over the whole case, the
-    truth summed in float64 chunk by chunk, and the spec's noise models (which take the whole case
-    in bounded memory)."""
+    truth summed in float64 chunk by chunk, and the noise models (the spec's take the whole case in
+    bounded memory; the derived one is derived chunk by chunk)."""
     prepared.hf.grads[name] = evaluate(spec, spec.reference, args, upstream).grads[name]
-    prepared.reordered.grads[name] = evaluate(spec, spec.reference_reordered, args, upstream,
-                                              compute=torch.float32).grads[name]
     count, largest = spec.programs.size(case)
-    truth = None
-    for index in scale.chunks(count, largest // count):
-        part = evaluate(spec, spec.reference, {k: R.upcast(v) for k, v in spec.programs.args(args, index).items()},
-                        {k: R.upcast(spec.programs.tensor(v, index)) for k, v in upstream.items()},
-                        compute=torch.float64).grads[name]
-        truth = part if truth is None else truth + part
-    prepared.truth.grads[name] = truth
-    prepared.element_noise[name] = spec.noise[name](args, upstream)
-    if name in spec.order_noise:
-        prepared.order_noise[name] = spec.order_noise[name](args, upstream)
+
+    def parts():
+        for index in scale.chunks(count, largest // count):
+            yield spec.programs.args(args, index), {k: spec.programs.tensor(v, index) for k, v in upstream.items()}
+
+    derived = None
+    if uses_derived_noise(spec) or not spec.takes_compute:
+        derived = noise.derive_summed(spec, name, parts(), _compute(case))
+    if spec.takes_compute:
+        truth = None
+        for part_args, part_upstream in parts():
+            part = evaluate(spec, spec.reference, {k: R.upcast(v) for k, v in part_args.items()},
+                            {k: R.upcast(v) for k, v in part_upstream.items()}, compute=torch.float64).grads[name]
+            truth = part if truth is None else truth + part
+        prepared.truth.grads[name] = truth
+    else:
+        prepared.truth.grads[name] = derived.truth[name]
+    if spec.reference_reordered is not None:
+        prepared.reordered.grads[name] = evaluate(spec, spec.reference_reordered, args, upstream,
+                                                  compute=torch.float32).grads[name]
+    else:
+        prepared.reordered.grads[name] = noise.reordered_summed(spec, name, parts(), _compute(case))
+    if uses_derived_noise(spec):
+        prepared.element_noise[name] = derived.noise[name]
+        prepared.order_noise[name] = derived.order[name]
+    else:
+        prepared.element_noise[name] = spec.noise[name](args, upstream)
+        if name in spec.order_noise:
+            prepared.order_noise[name] = spec.order_noise[name](args, upstream)
     if name in spec.summed:
         prepared.sum_noise[name] = summation_noise(*spec.summed[name](args, upstream), _accumulator(case))
 
@@ -430,6 +497,6 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
         hook(None, None)
     CASES_RUN[(case.op, case.dtype)] += 1
     COVERAGE[("case", case.op, case.variant, case.dtype, case.layout, case.grad_layout, case.values,
-              past_tiles(case))] += 1
+              spec.long(case))] += 1
     result.seconds = time.perf_counter() - start
     return result

@@ -67,7 +67,7 @@ class Programs:
     summed: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OpSpec:
     # --- identity
     name: str  # the implementation's attribute, and the key in its CLOBBERS
@@ -80,9 +80,13 @@ class OpSpec:
     outputs: tuple[str, ...]  # names of the outputs, in order
     differentiable: tuple[str, ...]  # arguments whose gradients are compared (named "d" + argument)
 
-    # --- references (contract signature plus ``compute=``)
+    # --- references (contract signature, plus ``compute=`` where ``takes_compute``)
     reference: Callable  # HF's maths
-    reference_reordered: Callable  # the same maths in another valid order (the verdict's floor)
+    # the same maths in another valid order (the verdict's floor); None: the derived one (oracle/noise)
+    reference_reordered: Callable | None = None
+    # Whether the references take ``compute`` (the dtype they upcast to; float64 gives the truth).
+    # A declared reference does not: its truth is its exact shadow evaluation (oracle/noise).
+    takes_compute: bool = True
 
     # --- drawing cases and making their tensors
     cases: Callable[..., st.SearchStrategy[Case]]  # (budget, dtypes) -> strategy
@@ -102,15 +106,20 @@ class OpSpec:
     # backward, or (ops outside autograd, the raw kernels) the outputs against HF's formula in float64.
     float64_cases: tuple[Case, ...] = ()
     buffers_hold_outputs: dict[str, str] = field(default_factory=dict)  # output -> argument whose buffer holds it
+    # Arguments an implementation may overwrite (its CLOBBERS must stay inside them): RoPE's Q and K,
+    # a raw backward's buffers. Everything else is read only.
+    may_clobber: tuple[str, ...] = ()
     fusion: Fusion | None = FUSE_LAST_DIM  # how the layout args share one storage in real models
     error_inputs: Callable[[], list[ErrorInput]] = list  # bad inputs: raise before any launch, or HF's result
     regressions: tuple[Case, ...] = ()  # cases that once failed, pinned as @example in the generic tests
+    long: Callable[[Case], bool] = C.past_tiles  # whether a case goes past the kernels' tiles
     # Compared tensors that are sums over many terms (compare.summation_noise): name ->
     # (float64 args, float64 upstream) -> (sum of |terms| per element, number of terms)
     summed: dict[str, Callable[[dict, dict], tuple[torch.Tensor, int]]] = field(default_factory=dict)
     # Per compared tensor, the rounding noise of HF's evaluation at each element (float64, broadcastable
-    # to the tensor), from its error analysis: (args, upstream) -> noise. Every compared tensor needs
-    # one: it is what the per-element and distribution judgements measure against (compare.py).
+    # to the tensor), from its error analysis: (args, upstream) -> noise: what the per-element and
+    # distribution judgements measure against (compare.py). Empty: derived from the reference
+    # (oracle/noise, Note [The derived noise model]); given, it must cover every compared tensor.
     noise: dict[str, Callable[[dict, dict], torch.Tensor]] = field(default_factory=dict)
     # The part of ``noise`` that another valid order of a long sum (a row's sum of squares, a column
     # sum over rows) moves, same signature; tensors not named here sum nothing (compare.py, Note [The
@@ -125,17 +134,29 @@ class OpSpec:
 
     def __post_init__(self):
         missing = set(self.compared()) - set(self.noise)
-        if missing:
+        if self.noise and missing:
             raise ValueError(f"spec {self.name}: no noise model for {sorted(missing)} (see compare.py)")
         unknown = set(self.order_noise) - set(self.compared())
         if unknown:
             raise ValueError(f"spec {self.name}: order noise for {sorted(unknown)}, which are not compared")
         if self.scale() and self.programs is None:
             raise ValueError(f"spec {self.name}: a scale grid needs ``programs`` to judge it on a slice")
+        stray = set(self.may_clobber) - set(self.arg_names)
+        if stray:
+            raise ValueError(f"spec {self.name}: may_clobber names {sorted(stray)}, which are not arguments")
 
     def contract_callable(self) -> Callable:
-        """HF's maths with the contract's signature: what ``--impl hf`` runs."""
-        return self.hf or self.reference
+        """HF's maths with the contract's signature: what ``--impl hf`` runs (computing in float64
+        for float64 inputs, as the contract says)."""
+        if self.hf is not None or not self.takes_compute:
+            return self.hf or self.reference
+        reference = self.reference
+
+        def hf(*args, **kwargs):
+            wide = any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in (*args, *kwargs.values()))
+            return reference(*args, **kwargs, compute=torch.float64 if wide else torch.float32)
+
+        return hf
 
     def grad_names(self) -> tuple[str, ...]:
         return tuple("d" + name for name in self.differentiable)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from oracle.cases import FLOAT_DTYPES, past_tiles
+from oracle.cases import FLOAT_DTYPES
 from oracle.ops import SPECS
 from oracle.suite.test_contract import *  # the generic tests, collected as this module's
 from oracle.suite.test_contract import BUDGET, aliasing_examples
@@ -42,7 +42,7 @@ def test_hypothesis_draws_every_variant_layout_and_size(op):
     assert {c.dtype for c in seen} == set(FLOAT_DTYPES)
     assert {c.layout for c in seen} == inputs
     assert {c.grad_layout for c in seen} == grads
-    assert sum(map(past_tiles, seen)) >= len(seen) // 10, "too few cases past the kernels' tiles"
+    assert sum(map(spec.long, seen)) >= len(seen) // 10, "too few cases past the kernels' tiles"
 
 
 @pytest.mark.parametrize("op", list(SPECS))
@@ -56,8 +56,8 @@ def test_stratified_cases_cover_every_combination_that_matters(op):
         assert {c.dtype for c in cases} == {dtype}
         assert {c.variant for c in cases} == set(spec.variants)
         assert {c.layout for c in cases} == inputs and {c.grad_layout for c in cases} == grads
-        assert {past_tiles(c) for c in cases} == {True, False}
-        assert {(c.variant, past_tiles(c)) for c in cases} == {(v, p) for v in spec.variants for p in (True, False)}
+        assert {spec.long(c) for c in cases} == {True, False}
+        assert {(c.variant, spec.long(c)) for c in cases} == {(v, p) for v in spec.variants for p in (True, False)}
     assert {(c.variant, c.dtype) for c in aliasing_examples(spec)} == \
         {(v, d) for v in spec.variants for d in FLOAT_DTYPES}
 

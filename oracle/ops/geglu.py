@@ -213,7 +213,7 @@ def _raw_specs(approximate: str, kind: str) -> tuple[OpSpec, OpSpec]:
         stratified=elementwise_stratified(bwd_name, autograd=False),
         make_args=elementwise_args(("DW", "e", "g")), layout_args=(), layout_of=layout_last_two,
         sweep=elementwise_sweep(bwd_name, autograd=False), scale=elementwise_scale(bwd_name), programs=PROGRAMS,
-        buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"},
+        buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"}, may_clobber=("DW", "e", "g"),
         float64_cases=(Case(bwd_name, "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers", {}, seed=1),),
         error_inputs=elementwise_errors(("DW", "e", "g"), raw=True), noise=_raw_backward_noise(approximate),
         hf=raw_backward_into_buffers(backward),

@@ -516,7 +516,7 @@ ROPE = OpSpec(
     name="rope", variants=("plain", "packed"),
     summary="apply_rotary_pos_emb on Q and K, table rows per token (packed sequences); Q, K, dQ, dK",
     arg_names=("Q", "K", "cos", "sin", "position_ids"), call=_rope_call, outputs=("Q_out", "K_out"),
-    differentiable=("Q", "K"), reference=rope, reference_reordered=rope_reordered,
+    differentiable=("Q", "K"), reference=rope, reference_reordered=rope_reordered, may_clobber=("Q", "K"),
     cases=lambda budget, dtypes=C.FLOAT_DTYPES: rope_cases(budget, dtypes), stratified=rope_stratified,
     make_args=_rope_args, layout_args=("Q", "K"), layout_of=layout_bshd, sweep=_rope_sweep, fusion=FUSE_HEADS,
     scale=_rope_scale, programs=PROGRAMS,

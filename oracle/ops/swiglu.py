@@ -188,7 +188,7 @@ SWIGLU_BACKWARD = OpSpec(
     make_args=elementwise_args(("DW", "e", "g")), layout_args=(), layout_of=layout_last_two,
     sweep=elementwise_sweep("swiglu_DWf_DW_dfg_kernel", autograd=False),
     scale=elementwise_scale("swiglu_DWf_DW_dfg_kernel"), programs=PROGRAMS,
-    buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"},
+    buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"}, may_clobber=("DW", "e", "g"),
     float64_cases=(Case("swiglu_DWf_DW_dfg_kernel", "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers",
                         {}, seed=1),),
     error_inputs=elementwise_errors(("DW", "e", "g"), raw=True), noise=_RAW_BACKWARD_NOISE,

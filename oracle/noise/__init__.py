@@ -1,0 +1,132 @@
+"""The derived noise model: the verdict's per-element noise (compare.py, Note [The per-element
+judgement]) computed from a reference's own maths, so that an op needs no hand-written error analysis.
+
+Note [The derived noise model]
+    The reference's forward and autograd backward run on shadow tensors (shadow.py, Note [Shadow
+    evaluation]): every aten op evaluated exactly in float64, beside the variance of the rounding
+    error its nominal evaluation would carry there, propagated to first order (rules.py) with each
+    sum's accumulation modelled over random orders (rounding.py, Note [Accumulation]). That
+    variance is exactly what Monte Carlo arithmetic estimates from many randomly rounded runs
+    (``sample`` mode runs one), computed in closed form: no sampling noise, one run.
+
+    For each compared tensor it gives
+
+    - ``truth``: the exact values (the float64 truth, whatever casts the reference hard-codes);
+    - ``noise``: NOISE_SDS standard deviations of the error the reference's roundings leave there,
+      without the last rounding of the tensor itself (the verdict's ulp(t) is that one);
+    - ``order``: one standard deviation of the part its sums' accumulation contributes, what another
+      valid order moves (the distribution judgement's order noise, a typical size, not a bound);
+    - ``generic``: ops that only the generic finite-difference rule modelled (rules.py).
+
+    The per-element judgement allows an error of ELEMENT_BOUND = 2 scales: with NOISE_SDS = 3, six
+    standard deviations of HF's own rounding noise where that noise dominates one ULP.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from . import rounding
+from .shadow import Shadow, evaluating
+
+NOISE_SDS = 3.0  # standard deviations of the rounding noise that count as "what HF's maths can do"
+
+
+@dataclass
+class DerivedModel:
+    truth: dict[str, torch.Tensor]
+    variance: dict[str, torch.Tensor]  # of each tensor's error, its own last rounding left out
+    order_variance: dict[str, torch.Tensor]  # the part of it from sums' accumulation
+    generic: dict[str, int]
+
+    @property
+    def noise(self) -> dict[str, torch.Tensor]:
+        return {name: NOISE_SDS * v.clamp(min=0).sqrt() for name, v in self.variance.items()}
+
+    @property
+    def order(self) -> dict[str, torch.Tensor]:
+        return {name: v.clamp(min=0).sqrt() for name, v in self.order_variance.items()}
+
+
+def shadow_run(spec, fn: Callable, args: dict, upstream: dict, mode: str, compute: torch.dtype | None = None,
+               seed: int = 0) -> tuple[dict[str, Shadow], dict]:
+    """``fn`` (with the contract's signature) on shadows of the arguments, forward and backward for
+    the upstream gradients: every compared tensor as a Shadow, and the ops modelled generically."""
+    fn = _with_compute(fn, compute)
+    with evaluating(mode, seed) as state, torch.enable_grad():
+        shadows = {name: Shadow.of(value, requires_grad=name in spec.differentiable)
+                   for name, value in args.items() if isinstance(value, torch.Tensor) and value.is_floating_point()}
+        outputs = dict(zip(spec.outputs, spec.call(fn, {**args, **shadows})))
+        tensors = dict(outputs)
+        if spec.differentiable and upstream:
+            names = [n for n in spec.outputs if outputs[n].requires_grad]
+            leaves = [shadows[n] for n in spec.differentiable]
+            grads = torch.autograd.grad([outputs[n] for n in names], leaves,
+                                        [Shadow.of(upstream[n]) for n in names], allow_unused=True)
+            for name, leaf, grad in zip(spec.differentiable, leaves, grads):
+                tensors["d" + name] = grad if grad is not None else Shadow.of(torch.zeros(leaf.shape, dtype=leaf.dtype,
+                                                                                         device=leaf.device))
+    return tensors, dict(state.generic)
+
+
+def derive(spec, args: dict, upstream: dict, compute: torch.dtype | None = None) -> DerivedModel:
+    """Note [The derived noise model] for one case's arguments and upstream gradients."""
+    tensors, generic = shadow_run(spec, spec.reference, args, upstream, "variance", compute)
+    return DerivedModel({name: t.value.detach() for name, t in tensors.items()},
+                        {name: t.var - t.own for name, t in tensors.items()},
+                        {name: t.order for name, t in tensors.items()}, generic)
+
+
+def derive_summed(spec, name: str, parts, compute: torch.dtype | None = None) -> DerivedModel:
+    """The derived model of a tensor summed over independent parts of a case (RMSNorm's dW over
+    chunks of rows at scale): each part derived on its own, their variances added, and the
+    accumulation of the parts' sums (Note [Accumulation]) on top. ``parts``: (args, upstream) pairs."""
+    truth = variance = order = squares = None
+    count, generic = 0, {}
+    for args, upstream in parts:
+        part = derive(spec, args, upstream, compute)
+        t, v, o = part.truth[name], part.variance[name], part.order_variance[name]
+        truth, variance, order = (t, v, o) if truth is None else (truth + t, variance + v, order + o)
+        squares = t * t if squares is None else squares + t * t
+        count += 1
+        generic = {**generic, **part.generic}
+    acc = rounding.accumulation_variance(truth, squares, count, _nominal_dtype(spec, name, args))
+    return DerivedModel({name: truth}, {name: variance + acc}, {name: order + acc}, generic)
+
+
+def _nominal_dtype(spec, name: str, args: dict) -> torch.dtype:
+    """A gradient's dtype: its argument's."""
+    return args[name[1:]].dtype
+
+
+def reordered(spec, args: dict, upstream: dict, compute: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """The reference in another valid order (shadow.py's nearest mode), in its nominal dtypes."""
+    tensors, _ = shadow_run(spec, spec.reference, args, upstream, "nearest", compute)
+    return {name: t.value.to(t.dtype) for name, t in tensors.items()}
+
+
+def reordered_summed(spec, name: str, parts, compute: torch.dtype | None = None) -> torch.Tensor:
+    """The nearest-mode value of a tensor summed over independent parts: each part's, added up."""
+    total, dtype = None, None
+    for args, upstream in parts:
+        tensors, _ = shadow_run(spec, spec.reference, args, upstream, "nearest", compute)
+        part = tensors[name]
+        total, dtype = (part.value if total is None else total + part.value), part.dtype
+    return total.to(dtype)
+
+
+def _with_compute(fn: Callable, compute: torch.dtype | None) -> Callable:
+    """The built-in references take the dtype HF upcasts to as ``compute``; declared ones do not."""
+    if compute is None:
+        return fn
+    try:
+        takes = "compute" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if not takes:
+        return fn
+    return lambda *a, **k: fn(*a, **k, compute=compute)

@@ -1,0 +1,124 @@
+"""Roundings, as the derived noise model sees them: the spacing of a dtype at a value, the variance
+of rounding to nearest there, and the variance a long sum accumulates (Note [Accumulation]).
+
+All of it works on float64 tensors holding exact values (oracle/noise/shadow.py): the value an
+operation would round, not a value already rounded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# The variance of rounding to nearest at a value whose spacing is ``ulp``: an error spread evenly
+# over (-ulp/2, ulp/2).
+NEAREST_VARIANCE = 1 / 12
+
+# Note [Accumulation]
+#     A sum of n terms in an accumulator of unit roundoff u rounds each partial sum s_k (k = 2..n).
+#     Rounding to nearest at s_k has variance ulp(s_k)^2 / 12, and ulp(s) = 2u 2^-f |s| for the
+#     fraction f of log2|s|; taken evenly over f (mantissas spread over their binade),
+#     E[4^-f] = (1 - 1/4) / ln 4, so one rounding of a partial sum of size s has variance
+#     PARTIAL_SUM_VARIANCE * u^2 s^2.
+#
+#     Which partial sums occur depends on the order, and any order is valid; so the model takes the
+#     expectation over orders of the same terms. For n terms of mean m and variance v (those of one
+#     output element), the first k of a random order have E[s_k^2] = k^2 m^2 + v k (n - k) / (n - 1)
+#     (a sample without replacement: the partial sums are a bridge that ends at the sum), so
+#
+#         Var(accumulation) = PARTIAL_SUM_VARIANCE u^2 sum_{k=2..n} (k^2 m^2 + v k (n - k) / (n - 1))
+#
+#     It grows like n^3 m^2 for terms of one sign (a sum of squares) and like n^2 v for terms of
+#     mixed signs: a standard deviation of about sqrt(n/3) u |sum| or sqrt(n/6) u sqrt(sum of
+#     squares), the probabilistic bound of Higham and Mary (2019) rather than the worst case
+#     n u sum|terms|. tests/test_noise.py checks it against real float32 sums in random orders.
+#     m and v come from the sum S and the sum of squares Q of the terms: m = S / n, v = Q / n - m^2.
+PARTIAL_SUM_VARIANCE = (1 - 1 / 4) / math.log(4) * 4 * NEAREST_VARIANCE
+
+
+# Note [Elementary functions]
+#     +, -, *, / and sqrt round correctly (IEEE 754): error within half a spacing, NEAREST_VARIANCE.
+#     Elementary functions do not: the libraries kernels use are accurate to a few ulps. The model
+#     grants each the maximum error of CUDA's single-precision library (the CUDA C Programming Guide's
+#     table of maximum ulp errors; torch's CPU kernels are within it: tests/test_noise.py measures
+#     them), as an error spread evenly over that many spacings either side: variance (b ulp)^2 / 3.
+#     erf and tanh, bounded by 1, are also granted an absolute error: torch's own CPU GeLU kernels
+#     evaluate 1 + erf(x / sqrt 2) to 12 u and 1 + tanh(...) to 4.3 u (u = unit roundoff, measured
+#     on every CPU capability), whatever the size of erf or tanh itself.
+#     sigmoid is decomposed as 1 / (1 + exp(-x)), as kernels evaluate it, so it inherits exp's error.
+FUNCTION_ULPS = {
+    "exp": 2, "exp2": 2, "expm1": 1, "log": 1, "log2": 1, "log1p": 1, "sin": 2, "cos": 2, "tanh": 2,
+    "erf": 2, "rsqrt": 2, "pow": 4,
+}
+FUNCTION_ABSOLUTE_U = {"erf": 12, "tanh": 4.5}  # absolute error, in units of the compute dtype's u
+
+
+def function_variance(value: torch.Tensor, dtype: torch.dtype, ulps: float, absolute_u: float = 0.0) -> torch.Tensor:
+    """The variance of an elementary function accurate to ``ulps`` spacings of ``dtype`` at
+    ``value`` or ``absolute_u`` units of its roundoff, whichever is larger."""
+    if dtype == torch.float64:
+        return torch.zeros_like(value)
+    error = torch.maximum(ulps * spacing(value, dtype), torch.full_like(value, absolute_u * unit_roundoff(dtype)))
+    return torch.where(torch.isfinite(value), error, 0.0).square() / 3
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u: half the spacing of ``dtype`` at 1."""
+    return torch.finfo(dtype).eps / 2
+
+
+def accumulator(dtype: torch.dtype) -> torch.dtype:
+    """The dtype torch accumulates sums of ``dtype`` in (its opmath type): float32 below float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def spacing(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype`` at each |value| (float64); the subnormal spacing below its normals."""
+    info = torch.finfo(dtype)
+    magnitude = value.abs().clamp(min=info.smallest_normal, max=info.max)
+    _, exponent = torch.frexp(magnitude)  # magnitude = m 2^exponent, m in [0.5, 1)
+    return info.eps * torch.exp2((exponent - 1).to(torch.float64))
+
+
+def to_nearest(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``value`` rounded to nearest in ``dtype``, back in float64."""
+    return value.to(dtype).to(torch.float64)
+
+
+def representable(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Where ``value`` is exactly a ``dtype`` number (no rounding happens there), or not finite."""
+    return (to_nearest(value, dtype) == value) | ~torch.isfinite(value)
+
+
+def rounding_variance(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The variance of rounding ``value`` to nearest in ``dtype``: 0 where it is representable."""
+    if dtype == torch.float64:
+        return torch.zeros_like(value)
+    return torch.where(representable(value, dtype), 0.0, spacing(value, dtype).square() * NEAREST_VARIANCE)
+
+
+def rounding_sample(value: torch.Tensor, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    """One random rounding with the variance of rounding to nearest: ``value`` plus an error drawn
+    evenly from half a spacing on either side, where ``value`` is not representable."""
+    if dtype == torch.float64:
+        return value
+    noise = (torch.rand(value.shape, generator=generator, dtype=torch.float64).to(value.device) - 0.5)
+    return torch.where(representable(value, dtype), value, value + noise * spacing(value, dtype))
+
+
+def accumulation_variance(total: torch.Tensor, squares: torch.Tensor, terms: torch.Tensor | float,
+                          dtype: torch.dtype) -> torch.Tensor:
+    """Note [Accumulation]: the variance of summing ``terms`` terms (per element) whose sum is
+    ``total`` and sum of squares ``squares``, in the accumulator of ``dtype``."""
+    acc = accumulator(dtype)
+    if acc == torch.float64:
+        return torch.zeros_like(total)
+    n = torch.as_tensor(terms, dtype=torch.float64, device=total.device)
+    mean = total / n.clamp(min=1)
+    spread = (squares / n.clamp(min=1) - mean.square()).clamp(min=0)
+    # sums over k = 2..n of k^2 and of k (n - k) / (n - 1)
+    k2 = n * (n + 1) * (2 * n + 1) / 6 - 1
+    bridge = (n * (n * (n + 1) / 2 - 1) - k2) / (n - 1).clamp(min=1)
+    variance = PARTIAL_SUM_VARIANCE * unit_roundoff(acc) ** 2 * (mean.square() * k2 + spread * bridge)
+    return torch.where(n > 1, variance, 0.0)
