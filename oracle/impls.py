@@ -40,7 +40,27 @@ import torch
 
 from .ops import SPECS
 
-OPS = tuple(SPECS)  # the contract's ops, in the registry's order
+
+
+def __getattr__(name: str):
+    """``OPS``: the contract's ops, in the registry's order, declared ops included (read live: a
+    module of declarations loaded after this one adds to it)."""
+    if name == "OPS":
+        return tuple(SPECS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def implementation(**ops) -> SimpleNamespace:
+    """An implementation of some ops (``implementation(layer_norm=my_layer_norm)``) that declares
+    every other op of the registry lacking. Keyword ``CLOBBERS``/``NO_FLOAT64`` pass through; an
+    unknown op name is an error, so a misspelt one cannot pass as lacking."""
+    extras = {k: ops.pop(k) for k in ("CLOBBERS", "NO_FLOAT64") if k in ops}
+    unknown = sorted(set(ops) - set(SPECS))
+    if unknown:
+        raise ValueError(f"unknown op(s) {', '.join(unknown)}: the registry's ops are {', '.join(SPECS)} (declared "
+                         "ops appear once their module is loaded: --op-module)")
+    lacking = {op: "not provided by this implementation" for op in SPECS if op not in ops}
+    return SimpleNamespace(**ops, **extras, LACKING=lacking)
 
 
 class ImplementationUnavailable(RuntimeError):
@@ -59,7 +79,7 @@ class Implementation:
         return set(getattr(self.target, "CLOBBERS", {}).get(op, set()))
 
     def lacking(self) -> list[str]:
-        return [op for op in OPS if self.op(op) is None]
+        return [op for op in SPECS if self.op(op) is None]
 
     def declared_lacking(self) -> dict[str, str]:
         return dict(getattr(self.target, "LACKING", {}))
@@ -70,10 +90,10 @@ class Implementation:
     def select(self, wanted: list[str] | None = None) -> list[str]:
         """The ops a run tests: ``wanted`` (every op when None) less the ops the implementation
         declares it lacks. Raises ValueError, naming near misses, for any other op it lacks."""
-        unknown = sorted(set(wanted or ()) - set(OPS))
+        unknown = sorted(set(wanted or ()) - set(SPECS))
         if unknown:
-            raise ValueError(f"unknown op(s) {', '.join(unknown)}: the contract's ops are {', '.join(OPS)}")
-        asked = [op for op in OPS if wanted is None or op in wanted]
+            raise ValueError(f"unknown op(s) {', '.join(unknown)}: the contract's ops are {', '.join(SPECS)}")
+        asked = [op for op in SPECS if wanted is None or op in wanted]
         declared = self.declared_lacking()
         if wanted is not None:
             refused = [op for op in asked if op in declared and self.op(op) is None]
@@ -84,7 +104,14 @@ class Implementation:
         if missing:
             raise ValueError(f"{self.name} lacks {', '.join(missing)}{self._near_misses(missing)}; test a subset with "
                              "--ops, or declare LACKING = {op: reason} in the implementation")
-        return [op for op in asked if self.op(op) is not None]
+        chosen = [op for op in asked if self.op(op) is not None]
+        for op in chosen:
+            beyond = sorted(self.clobbers(op) - set(SPECS[op].may_clobber))
+            if beyond:
+                allowed = ", ".join(SPECS[op].may_clobber) or "nothing"
+                raise ValueError(f"{self.name} declares CLOBBERS[{op!r}] = {beyond}, which the op does not allow: an "
+                                 f"implementation of {op} may overwrite {allowed}")
+        return chosen
 
     def _near_misses(self, missing: list[str]) -> str:
         names = [n for n in dir(self.target) if not n.startswith("_")]
@@ -193,7 +220,7 @@ def load(name: str) -> Implementation:
         except AttributeError as exc:
             raise ValueError(f"{module_name!r} has no attribute {attr!r}") from exc
     implementation = Implementation(name, target)
-    if len(implementation.lacking()) == len(OPS):
-        raise ValueError(f"{name} exposes none of the contract's ops ({', '.join(OPS)})"
-                         f"{implementation._near_misses(list(OPS))}")
+    if len(implementation.lacking()) == len(SPECS):
+        raise ValueError(f"{name} exposes none of the contract's ops ({', '.join(SPECS)})"
+                         f"{implementation._near_misses(list(SPECS))}")
     return implementation

@@ -77,7 +77,14 @@ def pytest_addoption(parser):
                     help="comma-separated ops to test (default: every op of the contract)")
     group.addoption("--scale", action="store_true", default=False,
                     help="also run the scale grid (tests marked scale; needs a CUDA GPU, minutes)")
+    group.addoption("--op-module", action="append", default=[], metavar="MODULE",
+                    help="a module of op declarations (oracle.declare.Op) to test like the built-in ops; repeatable")
+    group.addoption("--noise-model", default=None, choices=("declared", "derived"),
+                    help="declared (default): each op's hand-written noise model where it has one; derived: the "
+                         "model derived from the reference everywhere (ORACLE_NOISE_MODEL)")
     parser.addini("oracle_impl", "kernel-oracle: the implementation under test when --impl is not given", default="")
+    parser.addini("oracle_op_modules", "kernel-oracle: modules of op declarations, one per line", type="linelist",
+                  default=[])
 
 
 def _asked(config) -> str | None:
@@ -91,7 +98,7 @@ def pytest_configure(config):
     config.oracle_impl_name = config.getoption("--impl") or config.getini("oracle_impl") or None
     name = _asked(config)
     if name is None:
-        for option in ("--ops", "--scale"):
+        for option in ("--ops", "--scale", "--op-module", "--noise-model"):
             if config.getoption(option):
                 raise pytest.UsageError(f"{option}: {INACTIVE}")
         return
@@ -105,7 +112,15 @@ def pytest_configure(config):
 
     if _record_inflight not in engine.INFLIGHT_HOOKS:
         engine.INFLIGHT_HOOKS.append(_record_inflight)
+    from oracle.registry import DeclarationError, load_declared
+
+    if config.getoption("--noise-model"):
+        os.environ["ORACLE_NOISE_MODEL"] = config.getoption("--noise-model")  # the workers' too
     wanted = config.getoption("--ops")
+    try:
+        load_declared(list(config.getini("oracle_op_modules")) + list(config.getoption("--op-module")))
+    except DeclarationError as exc:
+        raise pytest.UsageError(str(exc)) from exc
     try:
         impl = load(name)
         config.oracle_ops = impl.select([op.strip() for op in wanted.split(",") if op.strip()] if wanted else None)

@@ -16,6 +16,7 @@ from .devices import default_device
 from .engine import run_case
 from .impls import ImplementationUnavailable, load
 from .ops import SPECS
+from .registry import DeclarationError, load_declared
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,13 +25,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impl", default="kernels", help="kernels, hf, compile, liger or package.module:attr")
     parser.add_argument("--device", default=None, help="torch device (default: the kernels' device)")
     parser.add_argument("--check", default=None, choices=sorted(aliasing.CHECKS), help="run one aliasing check")
+    parser.add_argument("--op-module", action="append", default=[], metavar="MODULE",
+                        help="a module of op declarations the case's op comes from")
     args = parser.parse_args(argv)
     try:
+        load_declared(args.op_module)
         case = Case.from_json(args.case)
         if case.op not in SPECS:
             raise ValueError(f"unknown op {case.op!r}; known: {', '.join(SPECS)}")
         impl = load(args.impl)
-    except (ValueError, ImplementationUnavailable) as exc:
+    except (ValueError, ImplementationUnavailable, DeclarationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     device = args.device or default_device()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,14 +26,29 @@ from ..devices import native_gpu
 from ..environment import environment, platform_key, write_json_atomic, write_text_atomic
 from ..impls import ImplementationUnavailable, load
 from ..ops import SPECS
+from ..registry import DeclarationError, load_declared
 from . import gate, html, results, sweep, terminal
 
 DEFAULT_BENCH = Path("reports/bench-h200.json")
 
 
+def _declared_ops(argv) -> None:
+    """Load --op-module's declarations first: --ops's choices are the registry's ops."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--op-module", action="append", default=[])
+    known, _ = early.parse_known_args(argv)
+    load_declared(known.op_module)
+
+
 def parse(argv):
+    _declared_ops(argv)
     parser = argparse.ArgumentParser(prog="python -m oracle.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--impl", default="kernels", help="kernels (default), hf, compile, liger or package.module:attr")
+    parser.add_argument("--op-module", action="append", default=[], metavar="MODULE",
+                        help="a module of op declarations (oracle.declare.Op) to sweep like the built-in ops; repeatable")
+    parser.add_argument("--noise-model", choices=("declared", "derived"),
+                        help="declared (default): each op's hand-written noise model where it has one; derived: the "
+                             "model derived from the reference everywhere")
     parser.add_argument("--full", action="store_true", help="the large grid (meant for a GPU)")
     parser.add_argument("--scale", action="store_true",
                         help="add the scale grid: the sizes people train at, up to 2^31 elements (needs a CUDA GPU)")
@@ -53,8 +69,13 @@ def parse(argv):
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
     console = Console(width=None if sys.stdout.isatty() else 140)  # a log file gets the whole table
+    try:
+        args = parse(argv)
+    except DeclarationError as exc:
+        return _usage_error(console, exc)
+    if args.noise_model:
+        os.environ["ORACLE_NOISE_MODEL"] = args.noise_model  # the workers read it
     try:
         stored = _stored_run(args.from_json) if args.from_json else None
         platform = stored["environment"]["platform"] if stored else platform_key()

@@ -23,6 +23,7 @@ from ..cases import Case
 from ..engine import run_case
 from ..impls import load
 from ..ops import SPECS
+from ..registry import load_declared
 
 
 def _device() -> torch.device:
@@ -40,6 +41,7 @@ def _device() -> torch.device:
 def serve(impl_name: str, stdin=sys.stdin, stdout=sys.stdout) -> None:
     from .. import aliasing
 
+    load_declared()  # the run's declared ops (ORACLE_OP_MODULES, entry points)
     impl = load(impl_name)
     device = _device()
     for line in stdin:

@@ -1,0 +1,590 @@
+"""Declaring an op: everything the harness needs to judge any implementation of it, as data.
+
+Note [Declaring an op]
+    An ``Op`` names the op, gives its reference (a plain PyTorch function, or HF's own code), says
+    how its inputs are made (``Tensor``: which sizes, dtype and values; ``Dim``: how a size is
+    drawn), which inputs are differentiable, what an implementation may overwrite, its variants and
+    parameters. From that the harness builds the same ``OpSpec`` its built-in ops have
+    (oracle/specs.py): hypothesis cases, stratified cases, the report's grid, float64 cases, the
+    scale slice (where a ``Dim`` counts programs), and the noise model of the verdict, derived from
+    the reference (oracle/noise, Note [The derived noise model]). So every check runs on it:
+    the verdict, aliasing, guard bands, version counters, determinism, float64 gradcheck.
+
+    An implementation is called as the reference is: ``impl.<name>(*inputs, *params)``, in the
+    declared order, and returns the outputs (one tensor, or a tuple in ``outputs``' order).
+    Gradients are compared for every differentiable input, named ``"d" + input``.
+
+    Modules of declarations are found as Note [Finding declared ops] (oracle/registry.py) says.
+
+Example: LayerNorm, from a user's repository::
+
+    import torch.nn.functional as F
+    from oracle.declare import Dim, Op, Tensor
+
+    LAYER_NORM = Op(
+        "layer_norm",
+        reference=lambda X, W, B, eps: F.layer_norm(X, X.shape[-1:], W, B, eps),
+        inputs={"X": Tensor("rows", "cols"), "W": Tensor("cols", values="weight"),
+                "B": Tensor("cols", values="small")},
+        dims={"rows": Dim(1, 64, programs=True), "cols": Dim(1, 4096, special=(1, 7, 128, 1000, 4096))},
+        params={"eps": (1e-5, 1e-6)},
+        outputs=("Y",),
+    )
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import strategies as st
+
+from . import cases as C
+from .cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, TILE_BOUNDARIES, VALUE_KINDS, Budget, Case, covering,
+                    long_counts)
+from .memory import FUSE_LAST_DIM
+from .specs import DTYPES, ErrorInput, OpSpec, Programs, fill, generator, layout_last_two
+
+# Kinds of values beside the case's own (cases.VALUE_KINDS): what parameters usually look like.
+PARAMETER_VALUES = {
+    "weight": "1 + 0.1 N(0, 1): a norm's scale",
+    "small": "0.1 N(0, 1): a bias, a Gemma-style weight",
+    "positive": "|N(0, 1)| + 0.1",
+    "probabilities": "a softmax of N(0, 1) over the last dim",
+}
+
+
+class DeclarationError(ValueError):
+    """A malformed declaration: the message names the op and the field."""
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A size the op's tensors share, drawn per case.
+
+    - ``low``, ``high``: its range (``high`` is further capped by the device's budget);
+    - ``special``: sizes that break kernels (1, primes, block edges), drawn two times in three;
+    - ``programs``: this size counts independent programs (rows, tokens). A third of the drawn cases
+      take it past the kernels' tiles (64, 128, 256); cases at scale are judged on a slice along it.
+      Every tensor holding it holds it first.
+    """
+
+    low: int = 1
+    high: int = 1024
+    special: tuple[int, ...] = ()
+    programs: bool = False
+
+
+@dataclass(frozen=True)
+class Integers:
+    """Integer values drawn evenly from [low, high) (a Dim's name stands for its size), with
+    ``sprinkle`` values (value -> share of elements) put in: ``Integers(0, "vocab", {-100: 0.1})``
+    is cross-entropy's targets with a tenth of them ignored."""
+
+    low: int | str = 0
+    high: int | str = 2
+    sprinkle: dict = field(default_factory=dict)
+
+    def make(self, shape, dims: dict, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+        low, high = (dims[b] if isinstance(b, str) else b for b in (self.low, self.high))
+        x = torch.randint(low, max(low + 1, high), shape, generator=gen, dtype=torch.int64)
+        for value, share in self.sprinkle.items():
+            x = torch.where(torch.rand(shape, generator=gen) < share, torch.tensor(value), x)
+        return x.to(dtype)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One tensor argument.
+
+    - ``dims``: its sizes, outermost first: names of the op's ``Dim``s, or fixed ints;
+    - ``dtype``: ``"case"`` (the case's dtype: float16, bfloat16, float32, float64), or a fixed one
+      (``"float32"``, ``torch.int64``, ...);
+    - ``values``: ``"case"`` (the case's kind: normal, large, tiny, zero_rows, outliers, nonfinite),
+      one kind always, a parameter's kind (PARAMETER_VALUES), an ``Integers``, or a callable
+      ``(shape, dtype, generator, device) -> tensor``;
+    - ``layout``: whether it is placed in the case's layout (contiguous, transposed, offset, strided);
+      default: floating tensors of two or more dims.
+    """
+
+    dims: tuple
+    dtype: str | torch.dtype = "case"
+    values: str | Integers | Callable = "case"
+    layout: bool | None = None
+
+    def __init__(self, *dims, dtype="case", values="case", layout=None):
+        object.__setattr__(self, "dims", tuple(dims))
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "layout", layout)
+
+    def dtype_in(self, case_dtype: str) -> torch.dtype:
+        if self.dtype == "case":
+            return DTYPES[case_dtype]
+        if isinstance(self.dtype, torch.dtype):
+            return self.dtype
+        return getattr(torch, self.dtype)
+
+    @property
+    def floating(self) -> bool:
+        return self.dtype == "case" or self.dtype_in("float32").is_floating_point
+
+    def shape(self, dims: dict) -> tuple[int, ...]:
+        return tuple(dims[d] if isinstance(d, str) else d for d in self.dims)
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    """A declared op (Note [Declaring an op]). Fields beyond the first four are optional:
+
+    - ``params``: non-tensor arguments, each a value or a tuple of values to draw from;
+    - ``differentiable``: inputs whose gradients are compared (default: every floating input);
+    - ``outputs``: names of what the reference returns, in order;
+    - ``variants``: name -> the params it fixes (``{"tanh": {"approximate": "tanh"}, ...}``);
+    - ``may_clobber``: inputs an implementation may overwrite (declared in its CLOBBERS);
+      ``writes_into``: output -> the input whose buffer must hold it (a raw kernel's contract);
+    - ``dtypes``, ``value_kinds``: what cases are drawn in;
+    - ``sweep``, ``full_sweep``, ``scale``: the report's quick and full grids and the scale grid, as
+      dicts of sizes (default: derived from the dims; no scale grid);
+    - ``noise``, ``reordered``: a hand-written noise model and reordered reference, where one is
+      tighter than the derived ones (compare.py, oracle/specs.py);
+    - ``error_inputs``: bad inputs and what they must give (specs.ErrorInput);
+    - ``summary``: one line for tables.
+    """
+
+    name: str
+    reference: Callable
+    inputs: dict
+    dims: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
+    differentiable: tuple | None = None
+    outputs: tuple = ("out",)
+    variants: dict = field(default_factory=lambda: {"default": {}})
+    may_clobber: tuple = ()
+    writes_into: dict = field(default_factory=dict)
+    dtypes: tuple = FLOAT_DTYPES
+    value_kinds: tuple = VALUE_KINDS
+    sweep: tuple = ()
+    full_sweep: tuple = ()
+    scale: tuple = ()
+    noise: dict = field(default_factory=dict)
+    reordered: Callable | None = None
+    error_inputs: tuple | Callable = ()
+    summary: str = ""
+
+    def __post_init__(self):
+        _validate(self)
+        object.__setattr__(self, "_spec", None)
+
+    @property
+    def spec(self) -> OpSpec:
+        """The OpSpec the harness runs (built once)."""
+        if self._spec is None:
+            object.__setattr__(self, "_spec", _build(self))
+        return self._spec
+
+    # --- what the builders below read ---
+
+    @property
+    def tensor_names(self) -> tuple[str, ...]:
+        return tuple(self.inputs)
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        return tuple(self.inputs) + tuple(self.params)
+
+    @property
+    def grads(self) -> tuple[str, ...]:
+        if self.differentiable is not None:
+            return tuple(self.differentiable)
+        return tuple(n for n, t in self.inputs.items() if t.floating and t.dtype in ("case",))
+
+    @property
+    def programs_dim(self) -> str | None:
+        return next((name for name, dim in self.dims.items() if dim.programs), None)
+
+    def layout_tensors(self) -> tuple[str, ...]:
+        return tuple(n for n, t in self.inputs.items()
+                     if (t.layout if t.layout is not None else (t.floating and len(t.dims) >= 2)))
+
+
+# --- validation: the first problem, naming the field ---------------------------------------------
+
+
+def _validate(op: Op) -> None:
+    def fail(field_name: str, problem: str):
+        raise DeclarationError(f"op {op.name!r}: {field_name}: {problem}")
+
+    if not isinstance(op.name, str) or not op.name.isidentifier() or keyword.iskeyword(op.name):
+        raise DeclarationError(f"op name must be a Python identifier (an implementation's attribute), got {op.name!r}")
+    if not callable(op.reference):
+        fail("reference", f"must be callable, got {type(op.reference).__name__}")
+    if not isinstance(op.inputs, dict) or not op.inputs:
+        fail("inputs", "must be a non-empty dict of name -> Tensor")
+    for name, tensor in op.inputs.items():
+        if not isinstance(tensor, Tensor):
+            fail(f"inputs[{name!r}]", f"must be an oracle.declare.Tensor, got {type(tensor).__name__}")
+        if not name.isidentifier():
+            fail(f"inputs[{name!r}]", "the name must be an identifier")
+        for d in tensor.dims:
+            if isinstance(d, str) and d not in op.dims:
+                fail(f"inputs[{name!r}].dims", f"{d!r} is not one of dims ({', '.join(op.dims) or 'none declared'})")
+            if not isinstance(d, (str, int)) or isinstance(d, bool):
+                fail(f"inputs[{name!r}].dims", f"{d!r} must be a dim's name or an int")
+        if isinstance(tensor.values, str) and tensor.values != "case" and \
+                tensor.values not in VALUE_KINDS and tensor.values not in PARAMETER_VALUES:
+            fail(f"inputs[{name!r}].values", f"{tensor.values!r} is none of 'case', {', '.join(VALUE_KINDS)}, "
+                                             f"{', '.join(PARAMETER_VALUES)}")
+        try:
+            tensor.dtype_in("float32")
+        except AttributeError:
+            fail(f"inputs[{name!r}].dtype", f"{tensor.dtype!r} is not a torch dtype")
+    for name, dim in op.dims.items():
+        if not isinstance(dim, Dim):
+            fail(f"dims[{name!r}]", f"must be an oracle.declare.Dim, got {type(dim).__name__}")
+        if not 1 <= dim.low <= dim.high:
+            fail(f"dims[{name!r}]", f"needs 1 <= low <= high, got low={dim.low} high={dim.high}")
+    if sum(dim.programs for dim in op.dims.values()) > 1:
+        fail("dims", "at most one Dim counts programs")
+    for name in op.params:
+        if name in op.inputs or not name.isidentifier():
+            fail(f"params[{name!r}]", "must be an identifier that is not also an input")
+    floating = {n for n, t in op.inputs.items() if t.floating}
+    for name in op.grads:
+        if name not in floating:
+            fail("differentiable", f"{name!r} is not a floating input ({', '.join(sorted(floating))})")
+    if not op.outputs or len(set(op.outputs)) != len(op.outputs) or not all(isinstance(o, str) for o in op.outputs):
+        fail("outputs", f"must be distinct names, got {op.outputs!r}")
+    if not isinstance(op.variants, dict) or not op.variants:
+        fail("variants", "must be a non-empty dict of name -> the params it fixes")
+    for variant, fixed in op.variants.items():
+        stray = set(fixed) - set(op.params)
+        if stray:
+            fail(f"variants[{variant!r}]", f"fixes {sorted(stray)}, which are not params")
+    for name in op.may_clobber:
+        if name not in op.inputs:
+            fail("may_clobber", f"{name!r} is not an input")
+    for output, buffer in op.writes_into.items():
+        if output not in op.outputs or buffer not in op.may_clobber:
+            fail("writes_into", f"{output!r} -> {buffer!r} needs an output and an input in may_clobber")
+    stray = set(op.dtypes) - set(FLOAT_DTYPES)
+    if stray or not op.dtypes:
+        fail("dtypes", f"must be some of {', '.join(FLOAT_DTYPES)}, got {op.dtypes!r}")
+    stray = set(op.value_kinds) - set(VALUE_KINDS)
+    if stray or not op.value_kinds:
+        fail("value_kinds", f"must be some of {', '.join(VALUE_KINDS)}, got {op.value_kinds!r}")
+    for grid in ("sweep", "full_sweep", "scale"):
+        for sizes in getattr(op, grid):
+            if not isinstance(sizes, dict) or set(sizes) != set(op.dims):
+                fail(grid, f"each entry must give every dim ({', '.join(op.dims)}), got {sizes!r}")
+    if op.scale and op.programs_dim is None:
+        fail("scale", "a scale grid needs a Dim with programs=True to judge it on a slice")
+    stray = set(op.noise) - {*op.outputs, *("d" + n for n in op.grads)}
+    if stray:
+        fail("noise", f"names {sorted(stray)}, which are not compared tensors")
+
+
+# --- the OpSpec --------------------------------------------------------------------------------------
+
+
+def _build(op: Op) -> OpSpec:
+    layout_args = op.layout_tensors()
+    return OpSpec(
+        name=op.name, variants=tuple(op.variants), summary=op.summary or f"declared op {op.name}",
+        arg_names=op.arg_names, call=_caller(op), outputs=tuple(op.outputs), differentiable=op.grads,
+        reference=op.reference, reference_reordered=op.reordered, takes_compute=False,
+        cases=lambda budget, dtypes=FLOAT_DTYPES: _cases(op, budget, dtypes), stratified=lambda dtype, budget:
+        _stratified(op, dtype, budget), make_args=lambda case, device: _make_args(op, case, device),
+        layout_args=layout_args, layout_of=layout_last_two, sweep=lambda full: _sweep(op, full),
+        scale=lambda: _scale(op), programs=_programs(op),
+        float64_cases=tuple(_float64_cases(op)), buffers_hold_outputs=dict(op.writes_into),
+        may_clobber=tuple(op.may_clobber), fusion=_fusion(op, layout_args),
+        error_inputs=op.error_inputs if callable(op.error_inputs) else (lambda: list(op.error_inputs)),
+        noise=dict(op.noise), long=lambda case: _is_long(op, case),
+    )
+
+
+def _caller(op: Op) -> Callable:
+    names = op.arg_names
+
+    def call(fn, args):
+        out = fn(*[args[n] for n in names])
+        out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        if len(out) != len(op.outputs):
+            raise TypeError(f"{op.name} returned {len(out)} value(s); the declaration names {len(op.outputs)} "
+                            f"({', '.join(op.outputs)})")
+        return out
+
+    return call
+
+
+# --- cases ----------------------------------------------------------------------------------------------
+
+
+def _largest(op: Op, dims: dict) -> int:
+    return max(math.prod(t.shape(dims)) for t in op.inputs.values())
+
+
+def _fit(op: Op, dims: dict, elements: int, programs: int | None) -> dict:
+    """Halve sizes (the largest first, the programs dim last) until every tensor holds at most
+    ``elements`` and the programs dim at most ``programs``."""
+    dims = dict(dims)
+    p = op.programs_dim
+    if p is not None and programs is not None:
+        dims[p] = max(op.dims[p].low, min(dims[p], programs))
+    while _largest(op, dims) > elements:
+        shrinkable = [n for n in dims if dims[n] > op.dims[n].low and n != p] or \
+                     [n for n in dims if dims[n] > op.dims[n].low]
+        if not shrinkable:
+            break
+        biggest = max(shrinkable, key=lambda n: dims[n])
+        dims[biggest] = max(op.dims[biggest].low, dims[biggest] // 2)
+    return dims
+
+
+def _size(dim: Dim) -> st.SearchStrategy[int]:
+    special = [s for s in dim.special if dim.low <= s <= dim.high]
+    plain = st.integers(dim.low, dim.high)
+    return st.one_of(st.sampled_from(special), st.sampled_from(special), plain) if special else plain
+
+
+def _params(op: Op, variant: str, choose: Callable[[str, tuple], object]) -> dict:
+    out = {}
+    for name, value in op.params.items():
+        if name in op.variants[variant]:
+            out[name] = op.variants[variant][name]
+        elif isinstance(value, tuple):
+            out[name] = choose(name, value)
+        else:
+            out[name] = value
+    return out
+
+
+def _cases(op: Op, budget: Budget, dtypes) -> st.SearchStrategy[Case]:
+    dtypes = [d for d in dtypes if d in op.dtypes or d == "float64"] or list(op.dtypes)
+    layouts = LAYOUTS if op.layout_tensors() else ("contiguous",)
+    grad_layouts = GRAD_LAYOUTS if op.grads else ("contiguous",)
+
+    @st.composite
+    def draw(draw):
+        variant = draw(st.sampled_from(tuple(op.variants)))
+        p = op.programs_dim
+        long = p is not None and draw(C.is_long())
+        sizes = {name: draw(_size(dim)) for name, dim in op.dims.items()}
+        if long:
+            sizes[p] = min(op.dims[p].high, max(op.dims[p].low, draw(long_counts(budget))))
+            sizes = _fit(op, sizes, budget.long_elements, None)
+        else:
+            sizes = _fit(op, sizes, budget.elements, budget.programs)
+        return Case(op=op.name, variant=variant, dtype=draw(st.sampled_from(dtypes)), dims=sizes,
+                    layout=draw(st.sampled_from(layouts)), values=draw(st.sampled_from(op.value_kinds)),
+                    params=_params(op, variant, lambda name, choices: draw(st.sampled_from(choices))),
+                    seed=draw(C.seeds()), grad_layout=draw(st.sampled_from(grad_layouts)))
+
+    return draw()
+
+
+_SHORT_SIZES = (7, 129, 33, 64, 255, 5)
+
+
+def _short(op: Op, i: int) -> dict:
+    sizes = {}
+    for j, (name, dim) in enumerate(op.dims.items()):
+        size = 3 if dim.programs else _SHORT_SIZES[(i + j) % len(_SHORT_SIZES)]
+        sizes[name] = min(dim.high, max(dim.low, size))
+    return sizes
+
+
+def _long(op: Op, i: int, budget: Budget) -> dict:
+    """Past the tiles: the programs dim just past a tile boundary, the others small; with no
+    programs dim, every size doubled until a tensor holds more than four 1024-element blocks."""
+    sizes = {name: min(dim.high, max(dim.low, 5 + i)) for name, dim in op.dims.items()}
+    p = op.programs_dim
+    if p is not None:
+        sizes[p] = min(op.dims[p].high, max(op.dims[p].low, C.long_rows(i // 2, budget)))
+        return _fit(op, sizes, budget.long_elements, None)
+    while _largest(op, sizes) <= 4 * 1024 and any(sizes[n] < op.dims[n].high for n in sizes):
+        sizes = {n: min(op.dims[n].high, 2 * s) for n, s in sizes.items()}
+    return sizes
+
+
+def _is_long(op: Op, case: Case) -> bool:
+    p = op.programs_dim
+    if p is not None:
+        return case.dims.get(p, 0) > TILE_BOUNDARIES[0]
+    return _largest(op, case.dims) > 4 * 1024
+
+
+def _stratified(op: Op, dtype: str, budget: Budget) -> list[Case]:
+    """Every variant, layout, gradient layout and kind of values; every other case long."""
+    names = tuple(op.variants)
+    cycle = tuple(names[i % len(names)] for i in (0, 1, 1, 0)) if len(names) > 1 else names
+    layouts = LAYOUTS if op.layout_tensors() else ("contiguous",)
+    grad_layouts = GRAD_LAYOUTS if op.grads else ("contiguous",)
+    rows = covering(cycle, layouts, grad_layouts, op.value_kinds)
+    out = []
+    for i, (variant, layout, grad_layout, values) in enumerate(rows):
+        sizes = _long(op, i, budget) if i % 2 else _short(op, i)
+        params = _params(op, variant, lambda name, choices: choices[i % len(choices)])
+        out.append(Case(op.name, variant, dtype, sizes, layout, values, params, seed=1000 + i, grad_layout=grad_layout))
+    return out
+
+
+def _default_grid(op: Op, full: bool) -> list[dict]:
+    """Small, medium and long sizes: every dim at a small size, at a medium one, and (with a
+    programs dim) many programs of small rows; the full grid's are larger."""
+    medium = 4097 if full else 1000
+    grids = [{n: min(d.high, max(d.low, 7)) for n, d in op.dims.items()},
+             {n: min(d.high, max(d.low, 24 if d.programs else medium)) for n, d in op.dims.items()}]
+    p = op.programs_dim
+    if p is not None:
+        grids.append({n: min(d.high, max(d.low, (4100 if full else 300) if d.programs else 16))
+                      for n, d in op.dims.items()})
+    budget = C.GPU_BUDGET if full else C.CPU_BUDGET
+    return [_fit(op, g, budget.elements if full else 2**15, None) for g in grids]
+
+
+def _sweep(op: Op, full: bool) -> list[Case]:
+    grids = list(op.full_sweep if full and op.full_sweep else op.sweep) or _default_grid(op, full)
+    layouts = op.layout_tensors()
+    out = []
+    for variant in op.variants:
+        for dtype in op.dtypes:
+            for sizes in grids:
+                out.append(Case(op.name, variant, dtype, dict(sizes), "contiguous", "normal",
+                                _params(op, variant, lambda n, c: c[0]), seed=len(out)))
+            if layouts:  # the medium size in HF's column-major layout, with a strided gradient
+                out.append(Case(op.name, variant, dtype, dict(grids[min(1, len(grids) - 1)]), "transposed", "normal",
+                                _params(op, variant, lambda n, c: c[0]), seed=len(out),
+                                grad_layout="strided" if op.grads else "contiguous"))
+            out.append(Case(op.name, variant, dtype, dict(grids[0]), "contiguous",
+                            "large" if "large" in op.value_kinds else op.value_kinds[0],
+                            _params(op, variant, lambda n, c: c[-1]), seed=len(out)))
+    return out
+
+
+def _scale(op: Op) -> list[Case]:
+    return [Case(op.name, variant, dtype, dict(sizes), "contiguous", "normal", _params(op, variant, lambda n, c: c[0]),
+                 seed=i) for i, (variant, dtype, sizes) in
+            enumerate((v, d, s) for v in op.variants for d in op.dtypes for s in op.scale)]
+
+
+def _float64_cases(op: Op) -> list[Case]:
+    return [Case(op.name, variant, "float64", _short(op, 0), "contiguous", "normal",
+                 _params(op, variant, lambda n, c: c[0]), seed=1) for variant in op.variants]
+
+
+# --- tensors ---------------------------------------------------------------------------------------------
+
+
+def _make_args(op: Op, case: Case, device) -> dict:
+    args = {}
+    for name, tensor in op.inputs.items():
+        shape, dtype = tensor.shape(case.dims), tensor.dtype_in(case.dtype)
+        gen = generator(case, name)
+        values = tensor.values
+        if isinstance(values, Integers):
+            args[name] = values.make(shape, case.dims, gen, dtype).to(device)
+        elif callable(values):
+            args[name] = values(shape, dtype, gen, torch.device(device))
+        elif values in PARAMETER_VALUES:
+            args[name] = _parameter(values, shape, gen).to(dtype).to(device)
+        else:
+            args[name] = fill(shape, dtype, case.values if values == "case" else values, gen, device)
+    return args | {name: _plain(value) for name, value in case.params.items()}
+
+
+def _parameter(kind: str, shape, gen) -> torch.Tensor:
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    if kind == "weight":
+        return 1 + 0.1 * x
+    if kind == "small":
+        return 0.1 * x
+    if kind == "positive":
+        return x.abs() + 0.1
+    return torch.softmax(x, dim=-1)  # probabilities
+
+
+def _plain(value):
+    """Case params come back from JSON: lists for tuples."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+# --- programs (scale), fusion ------------------------------------------------------------------------
+
+
+def _programs(op: Op) -> Programs | None:
+    """Along the programs dim, where every tensor holding it holds it first."""
+    p = op.programs_dim
+    if p is None or any(p in t.dims[1:] for t in op.inputs.values()):
+        return None
+    holders = {n for n, t in op.inputs.items() if t.dims[:1] == (p,)}
+
+    def size(case: Case) -> tuple[int, int]:
+        return case.dims[p], _largest(op, case.dims)
+
+    def args(a: dict, index: torch.Tensor) -> dict:
+        return {n: v.index_select(0, index.to(v.device)) if n in holders else v for n, v in a.items()}
+
+    return Programs(unit=p, size=size, args=args, tensor=lambda t, index: t.index_select(0, index.to(t.device)),
+                    summed=tuple("d" + n for n in op.grads if n not in holders))
+
+
+def _fusion(op: Op, layout_args: tuple[str, ...]):
+    """Column blocks of one buffer, where the layout tensors share every dim but the last."""
+    leading = {op.inputs[n].dims[:-1] for n in layout_args}
+    return FUSE_LAST_DIM if layout_args and len(leading) == 1 else None
+
+
+# --- a KernelBench-style problem ---------------------------------------------------------------------
+
+
+def from_module(name: str, model: Callable[..., torch.nn.Module], get_inputs: Callable[[], list],
+                get_init_inputs: Callable[[], list] = list, outputs: tuple = ("out",), **options) -> Op:
+    """An op from a reference ``nn.Module`` and ``get_inputs()`` (a KernelBench problem): the
+    forward's inputs keep get_inputs()'s shapes and dtypes, the module's parameters become inputs
+    too (so that an implementation is handed the same weights), drawn as the module initialises them.
+    Call an implementation module the same way with ``call_module``."""
+    torch.manual_seed(0)
+    module = model(*get_init_inputs())
+    example = get_inputs()
+    parameters = dict(module.named_parameters())
+    inputs = {}
+    for i, x in enumerate(example):
+        floating = x.is_floating_point()
+        inputs[f"x{i}"] = Tensor(*x.shape, dtype="case" if floating else x.dtype,
+                                 values="case" if floating else _example_values(get_inputs, i))
+    for pname, p in parameters.items():
+        inputs[pname.replace(".", "_")] = Tensor(*p.shape, values=_initial_values(model, get_init_inputs, pname))
+    count = len(example)
+
+    def reference(*tensors):
+        return call_module(module, tensors[:count], tensors[count:])
+
+    return Op(name, reference=reference, inputs=inputs, outputs=outputs, **options)
+
+
+def call_module(module: torch.nn.Module, inputs, parameters):
+    """``module(*inputs)`` with its parameters replaced by ``parameters``, in ``named_parameters`` order."""
+    names = [n for n, _ in module.named_parameters()]
+    return torch.func.functional_call(module, dict(zip(names, parameters)), tuple(inputs))
+
+
+def _example_values(get_inputs, index: int) -> Callable:
+    def make(shape, dtype, gen, device):
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        return get_inputs()[index].to(dtype).to(device)
+
+    return make
+
+
+def _initial_values(model, get_init_inputs, pname: str) -> Callable:
+    def make(shape, dtype, gen, device):
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        value = dict(model(*get_init_inputs()).named_parameters())[pname]
+        return value.detach().to(dtype).to(device)
+
+    return make

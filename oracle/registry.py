@@ -1,0 +1,142 @@
+"""Where the harness finds ops: its own op modules (oracle/ops/) and declarations from anywhere else.
+
+Note [Finding declared ops]
+    A declaration (``oracle.declare.Op``, or an ``OpSpec``) lives in any importable module. The
+    harness registers every one a module holds at its top level (names without a leading
+    underscore), the way pytest collects tests, from
+
+    - ``--op-module package.module`` (pytest, ``python -m oracle.report``, ``python -m oracle.repro``;
+      repeatable), or the ini option ``oracle_op_modules`` (one module per line);
+    - the entry-point group ``kernel_oracle.ops`` of installed packages (each entry names a module,
+      or one declaration or a list of them with ``module:attr``), always;
+    - ``ORACLE_OP_MODULES`` (comma-separated), which the two above also set, so that the worker
+      processes a run starts (the report's, xdist's) find the same ops.
+
+    Registered, a declared op is in ``oracle.ops.SPECS`` like a built-in one, and everything that
+    enumerates the registry (the generic suite, the report, the gate, ``--impl hf``/``compile``)
+    covers it. Two declarations of one name are an error that names both places.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from importlib import metadata
+
+from .ops import MODULES, SPECS
+from .specs import OpSpec
+
+ENTRY_POINT_GROUP = "kernel_oracle.ops"
+ENVIRONMENT = "ORACLE_OP_MODULES"
+
+# op name -> the module that declared it, for ops from --op-module / ORACLE_OP_MODULES (what a
+# repro command must load again); built-in and entry-point ops load by themselves.
+ORIGINS: dict[str, str] = {}
+_WHERE: dict[str, str] = {spec.name: module.__name__ for module in MODULES for spec in module.SPECS}
+_LOADED: set[str] = set()
+
+
+class DeclarationError(ValueError):
+    """A declaration, or a module of them, that cannot be registered: the message says which and why."""
+
+
+def register(declaration, where: str) -> OpSpec:
+    """Add one declaration (an ``oracle.declare.Op`` or an ``OpSpec``) to the registry."""
+    spec = _as_spec(declaration, where)
+    if spec.name in SPECS:
+        if SPECS[spec.name] is spec:
+            return spec
+        raise DeclarationError(f"op {spec.name!r} is declared twice: in {_WHERE[spec.name]} and in {where}")
+    SPECS[spec.name] = spec
+    _WHERE[spec.name] = where
+    return spec
+
+
+def where(op: str) -> str:
+    """The module an op was declared in."""
+    return _WHERE[op]
+
+
+def load_op_modules(names) -> list[str]:
+    """Import each module and register its declarations; returns the ops they added. Remembered in
+    ORACLE_OP_MODULES for the processes this one starts."""
+    added = []
+    for name in [n.strip() for n in names if n and n.strip()]:
+        if name in _LOADED:
+            continue
+        ops = _load_module(name)
+        ORIGINS.update(dict.fromkeys(ops, name))
+        added += ops
+        _LOADED.add(name)
+    if _LOADED:
+        os.environ[ENVIRONMENT] = ",".join(sorted(_LOADED))
+    return added
+
+
+def load_declared(extra=()) -> list[str]:
+    """Everything declared outside oracle/ops/: entry points, ORACLE_OP_MODULES, then ``extra``."""
+    added = _load_entry_points()
+    added += load_op_modules(os.environ.get(ENVIRONMENT, "").split(","))
+    return added + load_op_modules(extra)
+
+
+def _load_module(name: str) -> list[str]:
+    import sys
+
+    if os.getcwd() not in sys.path:  # as under python -m: a module of the working directory imports
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        raise DeclarationError(f"--op-module {name}: cannot import it: {exc}") from exc
+    found = _declarations_in(module)
+    if not found:
+        raise DeclarationError(f"--op-module {name}: it holds no declaration (an oracle.declare.Op or an OpSpec "
+                               "at its top level)")
+    return [register(declaration, name).name for declaration in found]
+
+
+_ENTRY_POINTS_LOADED = False
+
+
+def _load_entry_points() -> list[str]:
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return []
+    _ENTRY_POINTS_LOADED = True
+    added = []
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = entry.load()
+        except Exception as exc:  # noqa: BLE001 - a broken package must say which, not kill the run silently
+            raise DeclarationError(f"entry point {entry.name} = {entry.value} ({ENTRY_POINT_GROUP}): cannot load it: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+        found = _declarations_in(loaded) if isinstance(loaded, type(os)) else \
+            list(loaded) if isinstance(loaded, (list, tuple)) else [loaded]
+        added += [register(declaration, f"{entry.value} (entry point {entry.name})").name for declaration in found]
+    return added
+
+
+def _declarations_in(module) -> list:
+    from .declare import Op
+
+    found = []
+    for attr, value in vars(module).items():
+        if attr.startswith("_"):
+            continue
+        if isinstance(value, (Op, OpSpec)):
+            found.append(value)
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, (Op, OpSpec)) for v in value):
+            found.extend(value)
+    unique = {id(d): d for d in found}  # one declaration bound to two names counts once
+    return list(unique.values())
+
+
+def _as_spec(declaration, where: str) -> OpSpec:
+    from .declare import Op
+
+    if isinstance(declaration, OpSpec):
+        return declaration
+    if isinstance(declaration, Op):
+        return declaration.spec
+    raise DeclarationError(f"{where}: {declaration!r} is not a declaration (an oracle.declare.Op or an OpSpec)")
