@@ -81,6 +81,27 @@ def derive(spec, args: dict, upstream: dict, compute: torch.dtype | None = None)
                         {name: t.order for name, t in tensors.items()}, generic)
 
 
+def coherence(samples: list[torch.Tensor], truth: torch.Tensor, variance: torch.Tensor) -> float:
+    """How much larger the rounding noise of a long computation is than its propagated variance
+    says: at least 1, the square root of the samples' mean square error over the propagated mean
+    variance, pooled over the tensor's elements.
+
+    Note [Coherent errors]
+        The propagation (rules.py) takes the errors of different elements as independent. Within
+        one op that holds well (tests/test_noise.py), but a deep computation (a model, a training
+        run) carries errors that many elements share: a norm's 1/rms error scales its whole row, and
+        the next matmul sums that row coherently, where independent errors would partly cancel.
+        Monte Carlo samples of the same computation (shadow.py's sample mode) carry those
+        correlations exactly; pooled over a tensor's elements, a few of them measure the factor by
+        which the propagated noise falls short, and the noise is scaled by it."""
+    finite = torch.isfinite(truth) & torch.isfinite(variance)
+    spread = torch.stack([(s - truth).square() for s in samples]).mean(0)
+    finite &= torch.isfinite(spread)
+    propagated = float(variance[finite].sum())
+    measured = float(spread[finite].sum())
+    return max(1.0, (measured / propagated) ** 0.5) if propagated > 0 else 1.0
+
+
 def derive_summed(spec, name: str, parts, compute: torch.dtype | None = None) -> DerivedModel:
     """The derived model of a tensor summed over independent parts of a case (RMSNorm's dW over
     chunks of rows at scale): each part derived on its own, their variances added, and the

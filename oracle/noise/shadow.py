@@ -175,6 +175,13 @@ def _prims_var(x, dims, correction=1, output_dtype=None):
     return torch.sum(centred * centred, dims) / max(0, n - correction)
 
 
+def _tensors(a, b):
+    """Python numbers beside a tensor as 0-d tensors of its dtype (aten.where.self wants tensors)."""
+    like = a if isinstance(a, torch.Tensor) else b
+    return tuple(x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=like.dtype, device=like.device)
+                 for x in (a, b))
+
+
 # prims ops that torch's decompositions call (var_mean, layer norm), as the aten ops rules.py knows.
 _PRIMS = {
     prims.sum.default: lambda x, dims, output_dtype=None: aten.sum.dim_IntList(x, dims, dtype=output_dtype),
@@ -183,6 +190,7 @@ _PRIMS = {
     prims.mul.default: lambda a, b: aten.mul.Tensor(a, b),
     prims.add.default: lambda a, b: aten.add.Tensor(a, b),
     prims.sub.default: lambda a, b: aten.sub.Tensor(a, b),
+    prims.where.default: lambda condition, a, b: aten.where.self(condition, *_tensors(a, b)),
     prims.convert_element_type.default: lambda a, dtype: aten._to_copy.default(a, dtype=dtype),
 }
 
