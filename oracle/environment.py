@@ -47,6 +47,61 @@ def platform_key() -> str:
     return "cuda-" + torch.cuda.get_device_name().replace(" ", "-")
 
 
+def host_maths(device=None) -> dict:
+    """What HF's results depend on beyond the platform: the vector kernels torch and numpy pick on
+    this CPU (or the GPU's maths), fingerprinted by their answers.
+
+    Note [Host maths]
+        torch's CPU kernels are compiled for several instruction sets and pick one at start-up
+        (ATEN_CPU_CAPABILITY forces one); numpy (the Triton interpreter's arithmetic) dispatches its
+        own. Their exp, erf, tanh and reductions round differently from one to another, so HF's
+        bits, and every metric measured against HF (bit-identity, error ratio), move between hosts
+        of one platform while an implementation's own error does not. ``digest`` hashes the bits
+        of those functions on a fixed probe, so two runs share it exactly when HF's maths rounds
+        alike; the gate judges HF-relative metrics only between runs that do (report/gate.py)."""
+    import hashlib
+
+    import numpy as np
+
+    from .devices import default_device, native_gpu
+
+    device = device or (default_device() if native_gpu() else torch.device("cpu"))
+    probe = torch.linspace(-9, 9, 4099, dtype=torch.float64, device=device)
+    rows = torch.sin(torch.arange(3 * 4099, dtype=torch.float64, device=device)).reshape(3, 4099)
+    digest = hashlib.sha256()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x, r = probe.to(dtype), rows.to(dtype)
+        strided = torch.stack([x, x], 1)[:, 0]
+        for y in (torch.exp(x), torch.erf(x), torch.tanh(x), torch.sigmoid(x), torch.rsqrt(x.abs() + 1),
+                  torch.log(x.abs() + 1), torch.sin(x), torch.nn.functional.gelu(x),
+                  torch.nn.functional.gelu(x, approximate="tanh"), torch.nn.functional.silu(x),
+                  torch.nn.functional.gelu(strided), torch.nn.functional.silu(strided), r.float().pow(2).mean(-1),
+                  torch.softmax(r.float(), -1), r.sum(-1)):
+            digest.update(y.detach().to("cpu", torch.float64).numpy().tobytes())
+    digest.update(np.exp(np.linspace(-9, 9, 4099, dtype=np.float32)).tobytes())
+    simd = _numpy_simd()
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "numpy_simd": simd,
+            "cpu": _cpu_model(), "digest": digest.hexdigest()[:16]}
+
+
+def _numpy_simd() -> list[str]:
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:  # numpy < 2
+        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    return [name for name in __cpu_dispatch__ if __cpu_features__.get(name)]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment() -> dict:
     # This project's kernels describe their runtime (interpreter or GPU, bf16 casts) when the run
     # loaded them; another implementation's run does not import them for the sake of a label.
@@ -67,6 +122,7 @@ def environment() -> dict:
         "liger_kernel": _version("liger-kernel"),
         "cuda": torch.version.cuda,
         "host": platform.node(),
+        "host_maths": host_maths(),
         "commit": git_commit(),
     }
 

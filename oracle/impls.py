@@ -131,8 +131,20 @@ def _hf():
     return SimpleNamespace(**ops, CLOBBERS=clobbers)
 
 
+def scalar_inductor_on_a_default_cpu() -> None:
+    """Inductor's C++ backend picks its vector instructions from the CPU, not from torch's own
+    capability: under ATEN_CPU_CAPABILITY=default the ATen headers it includes declare no vector
+    types, and every vectorised kernel fails to compile ("'at::vec' has not been declared"). Then
+    it generates scalar code, as that capability means."""
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        import torch._inductor.config as inductor
+
+        inductor.cpp.simdlen = 1
+
+
 def _compile():
     """torch.compile of HF's maths for every autograd op; a raw kernel has no HF graph to compile."""
+    scalar_inductor_on_a_default_cpu()
     ops, lacking = {}, {}
     for name, spec in SPECS.items():
         if spec.differentiable:

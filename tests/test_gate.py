@@ -29,8 +29,8 @@ ROOT = Path(__file__).parent.parent
 COMMITTED = {"cpu-interpreter": ROOT / "reports/baseline-cpu-interpreter.json",
              "cuda-NVIDIA-H200": ROOT / "reports/baseline-cuda-NVIDIA-H200.json"}
 SLICE = ["--ops", "rms_norm", "--dtypes", "float32", "--variants", "llama", "--no-checks", "--workers", "2"]
-VERDICT = re.compile(r"gate: (\d+) cells judged, (\d+) regressions?; (\d+) baseline cells not judged(.*); "
-                     r"(\d+) new cells?$")
+VERDICT = re.compile(r"gate: (\d+) cells judged, (\d+) regressions?; (\d+) baseline cells not judged(.*?); "
+                     r"(\d+) new cells?( \(error ratio and bit-identity to HF not judged: .*\))?$")
 
 
 def volatile_fields(value, path: str = "") -> list[str]:
@@ -65,7 +65,7 @@ def test_current_kernels_pass_the_committed_cpu_baseline(tmp_path):
                            "--baseline", str(COMMITTED["cpu-interpreter"]), "--json", str(tmp_path / "run.json"),
                            "--html", str(tmp_path / "run.html")], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    judged, regressions, unjudged, why, new = VERDICT.match(last_line(proc.stdout)).groups()
+    judged, regressions, unjudged, why, new, _ = VERDICT.match(last_line(proc.stdout)).groups()
     baseline_cells = len(json.loads(COMMITTED["cpu-interpreter"].read_text())["cells"])
     assert int(judged) > 0 and regressions == "0" and new == "0"
     assert int(judged) + int(unjudged) == baseline_cells
@@ -181,6 +181,36 @@ def test_a_grown_error_ratio_exits_1(tmp_path, small_report):
     assert code == 1, out
     assert f"{cell['key']}: error ratio 0 ->" in out
     assert VERDICT.match(last_line(out)).group(2) == "1"
+
+
+def _from_another_host(document: dict) -> dict:
+    """The same document as if made where torch's vector maths rounds otherwise."""
+    other = copy.deepcopy(document)
+    other["environment"]["host_maths"] = {**other["environment"]["host_maths"], "cpu_capability": "AVX2",
+                                          "digest": "0" * 16}
+    return other
+
+
+def test_against_another_hosts_maths_only_hf_relative_rules_rest(tmp_path, small_report):
+    """environment.py, Note [Host maths]: a baseline from a host whose HF rounds otherwise is not
+    judged by error ratio or bit-identity (they move with HF's bits), and the last line says so;
+    a pass turned fail still regresses."""
+    baseline = _from_another_host(_loaded(small_report["baseline"]))
+    cell = max(baseline["cells"], key=lambda c: c["metrics"]["error_ratio"])
+    cell["metrics"]["error_ratio"], cell["metrics"]["bit_identical"] = 0.0, 1.0
+    code, out = gate_stored_run(tmp_path, small_report, baseline=baseline)
+    assert code == 0, out
+    assert "error ratio and bit-identity to HF not judged: HF's maths rounds otherwise here" in last_line(out)
+    assert "(torch AVX2" in last_line(out) and VERDICT.match(last_line(out)).group(2) == "0"
+    run = _loaded(small_report["json"])
+    run["cells"][0]["status"] = "fail"
+    code, out = gate_stored_run(tmp_path, small_report, run=run, baseline=baseline)
+    assert code == 1 and f"{run['cells'][0]['key']}: passed before, now fail" in out, out
+    # the same grown ratio, from a host that rounds alike, regresses
+    alike = _loaded(small_report["baseline"])
+    next(c for c in alike["cells"] if c["key"] == cell["key"])["metrics"]["error_ratio"] = 0.0
+    code, out = gate_stored_run(tmp_path, small_report, baseline=alike)
+    assert code == 1, out
 
 
 def test_a_pass_turned_fail_exits_1(tmp_path, small_report):

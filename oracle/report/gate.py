@@ -11,7 +11,13 @@ cell. A cell regresses when
 
 and a run regresses when a case or an aliasing check reports a finding it did not before. Cells
 only one side has (a subset run, a new shape) are not judged, and the gate's last line says how
-many and why. The margins absorb run-to-run noise (on the CPU runs are bit-for-bit repeatable;
+many and why.
+
+Error ratio and bit-identity are measured against HF, whose bits depend on the host's vector
+maths (environment.py, Note [Host maths]). Against a baseline made on a host whose maths rounds
+otherwise (another ``host_maths.digest``) those two rules are not applied, and the last line says
+so; the rules that are about the implementation alone (its verdicts, its non-finite values, its
+findings) still are. A baseline made where HF rounds alike is judged in full. The margins absorb run-to-run noise (on the CPU runs are bit-for-bit repeatable;
 cuBLAS-free GPU kernels nearly so) while a real change, such as one extra rounding step, moves
 ratios by far more.
 
@@ -208,6 +214,7 @@ def compare(current: dict, baseline: dict, selection: Selection = Selection()) -
     before = {cell["key"]: cell for cell in baseline["cells"]}
     run_cells = [cell for cell in current.get("cells") or () if isinstance(cell, dict)]
     same_impl = current.get("impl") == baseline.get("impl")
+    hf_alike = same_host_maths(current, baseline)
     deltas, regressions, unjudged = [], [], Counter()
     for cell in run_cells:
         old = before.get(cell.get("key"))
@@ -216,7 +223,7 @@ def compare(current: dict, baseline: dict, selection: Selection = Selection()) -
         if cell.get("status") == "skipped" and not same_impl:
             unjudged["op missing from the implementation"] += 1  # another implementation may lack an op
             continue
-        problems = _cell_regressions(cell, old)
+        problems = _cell_regressions(cell, old, hf_alike)
         deltas.append(_delta(cell, old, problems))
         regressions += [f"{cell['key']}: {p}" for p in problems]
     regressions += _new_findings(current, baseline)
@@ -225,7 +232,28 @@ def compare(current: dict, baseline: dict, selection: Selection = Selection()) -
     unjudged.update(_why_absent(before[key], selection, current.get("sweep"), baseline.get("sweep")) for key in missing)
     return {"deltas": deltas, "regressions": regressions, "judged": len(deltas),
             "not_judged": dict(unjudged.most_common()),
-            "new_cells": sorted(now_keys - before.keys()), "missing_cells": missing}
+            "new_cells": sorted(now_keys - before.keys()), "missing_cells": missing,
+            "hf_relative": hf_alike or _maths_difference(current, baseline)}
+
+
+def _maths(document: dict) -> dict:
+    environment = document.get("environment")
+    maths = environment.get("host_maths") if isinstance(environment, dict) else None
+    return maths if isinstance(maths, dict) else {}
+
+
+def same_host_maths(current: dict, baseline: dict) -> bool:
+    """Whether HF rounds alike in both runs (a baseline from before the fingerprint: assumed so)."""
+    theirs, ours = _maths(baseline).get("digest"), _maths(current).get("digest")
+    return theirs is None or ours is None or theirs == ours
+
+
+def _maths_difference(current: dict, baseline: dict) -> str:
+    theirs, ours = _maths(baseline), _maths(current)
+    return (f"error ratio and bit-identity to HF not judged: HF's maths rounds otherwise here (torch "
+            f"{ours.get('cpu_capability')}, numpy {'/'.join(ours.get('numpy_simd') or []) or '-'}, digest "
+            f"{ours.get('digest')}) than on the baseline's host (torch {theirs.get('cpu_capability')}, numpy "
+            f"{'/'.join(theirs.get('numpy_simd') or []) or '-'}, digest {theirs.get('digest')})")
 
 
 def _delta(cell: dict, old: dict, problems: list[str]) -> dict:
@@ -237,8 +265,9 @@ def _delta(cell: dict, old: dict, problems: list[str]) -> dict:
             "regression": "; ".join(problems)}
 
 
-def _cell_regressions(now: dict, before: dict) -> list[str]:
-    """``before`` is a validated baseline cell; ``now`` is read defensively (a stored run may be old)."""
+def _cell_regressions(now: dict, before: dict, hf_alike: bool = True) -> list[str]:
+    """``before`` is a validated baseline cell; ``now`` is read defensively (a stored run may be old).
+    ``hf_alike``: HF rounds alike in both runs, so the HF-relative rules apply."""
     out = []
     if before["status"] == "pass" and now.get("status") != "pass":
         out.append(f"passed before, now {now.get('status')}")
@@ -248,9 +277,9 @@ def _cell_regressions(now: dict, before: dict) -> list[str]:
     broken = [field for field in METRIC_FIELDS if _metric_problem(m, field)]
     if broken:  # a number the rules need is gone: never let that switch a rule off
         return out + [f"{field} {b[field]} -> {m.get(field)!r}" for field in broken]
-    if m["error_ratio"] > b["error_ratio"] * (1 + RATIO_MARGIN) + RATIO_SLACK:
+    if hf_alike and m["error_ratio"] > b["error_ratio"] * (1 + RATIO_MARGIN) + RATIO_SLACK:
         out.append(f"error ratio {b['error_ratio']:.3g} -> {m['error_ratio']:.3g}")
-    if m["bit_identical"] < b["bit_identical"] - BIT_IDENTITY_MARGIN:
+    if hf_alike and m["bit_identical"] < b["bit_identical"] - BIT_IDENTITY_MARGIN:
         out.append(f"bit-identical to HF {b['bit_identical']:.1%} -> {m['bit_identical']:.1%}")
     if m["nonfinite_k"] > b["nonfinite_k"] or m["nonfinite_mismatches"] > b["nonfinite_mismatches"]:
         out.append(f"non-finite values {b['nonfinite_k']} -> {m['nonfinite_k']} "
@@ -296,8 +325,11 @@ def verdict_line(comparison: dict) -> str:
     unjudged = sum(reasons.values())
     why = " (" + ", ".join(f"{n} {reason}" for reason, n in reasons.items()) + ")" if unjudged else ""
     regressions = _count(len(comparison["regressions"]), "regression")
+    partial = comparison.get("hf_relative", True)
+    partial = f" ({partial})" if isinstance(partial, str) else ""
     return (f"gate: {_count(comparison['judged'], 'cell')} judged, {regressions}; "
-            f"{_count(unjudged, 'baseline cell')} not judged{why}; {_count(len(comparison['new_cells']), 'new cell')}")
+            f"{_count(unjudged, 'baseline cell')} not judged{why}; {_count(len(comparison['new_cells']), 'new cell')}"
+            f"{partial}")
 
 
 def _count(n: int, thing: str) -> str:
