@@ -275,11 +275,12 @@ def test_quick_and_no_sweep_leave_the_sweep_out(stub_run):
 def test_every_workload_gets_a_fresh_static_torch_compile(monkeypatch):
     made = []
     monkeypatch.setattr(torch, "compile", lambda fn, **options: made.append(options) or object())
-    for name in ("rms_norm", "rope", "swiglu", "geglu"):
-        peers = SPECS[name].bench.peers(False)
+    benchmarked = [spec for spec in SPECS.values() if spec.bench is not None]
+    for spec in benchmarked:
+        peers = spec.bench.peers(False)
         assert set(peers) == {"kernels", "eager", "compile"}
         assert peers["compile"]() is not peers["compile"]()
-    assert made == [{"dynamic": False}] * 8
+    assert len(benchmarked) >= 4 and made == [{"dynamic": False}] * 2 * len(benchmarked)
 
 
 def test_the_rms_norm_sweep_covers_nine_widths():

@@ -70,25 +70,24 @@ def test_rope_reaches_the_end_of_128k_tables_and_past_2_31_elements():
             assert {c.layout for c in mine} == {"contiguous", "transposed"}
 
 
-@pytest.mark.parametrize("op", [name for name in SPECS if name not in ("rms_norm", "rope")])
-def test_every_gated_mlp_op_goes_past_2_31_elements_in_16_bit(op):
+SCALED = [name for name, spec in SPECS.items() if spec.scale()]
+
+
+@pytest.mark.parametrize("op", SCALED)
+def test_every_op_goes_past_2_31_elements_in_16_bit_in_every_variant(op):
     cases = scale_cases(op)
     assert {(c.variant, c.dtype) for c in cases} == {(v, d) for v in SPECS[op].variants for d in ("float32", *SIXTEEN_BIT)}
-    assert all(elements(c) > 2**31 for c in cases if c.dtype in SIXTEEN_BIT)
+    for variant in SPECS[op].variants:
+        for dtype in SIXTEEN_BIT:
+            assert any(elements(c) > 2**31 for c in cases if (c.variant, c.dtype) == (variant, dtype))
 
 
-# Each kernel's launch grid at a case, on its largest axis (axis 0): one program per row (RMSNorm),
-# per token of a batch row (RoPE; its head groups on axis 1 stay small), per 1024-element block (the
-# element-wise kernels).
-LAUNCH_AXIS_0 = {"rms_norm": lambda c: math.prod(c.dims["lead"]),
-                 "rope": lambda c: c.dims["batch"] * c.dims["seq"]}
-
-
-@pytest.mark.parametrize("op", sorted(SPECS))
+@pytest.mark.parametrize("op", SCALED)
 def test_every_launch_grid_goes_past_cudas_65535_limit_on_its_largest_axis(op):
-    """More than 65535 programs, which only grid axis 0 accepts (a kernel that put them on axis 1 or 2 fails)."""
-    programs = LAUNCH_AXIS_0.get(op, lambda c: math.ceil(elements(c) / 1024))
-    assert max(map(programs, scale_cases(op))) > 65535
+    """More than 65535 programs (rows, tokens: what the spec's ``programs`` counts), which only grid
+    axis 0 accepts (a kernel that put them on axis 1 or 2 fails)."""
+    programs = SPECS[op].programs.size
+    assert max(programs(c)[0] for c in scale_cases(op)) > 65535
 
 
 def test_scale_cases_have_labels_of_their_own():

@@ -93,8 +93,24 @@ def _stand_ins() -> SimpleNamespace:
 def test_the_adapter_calls_each_kernel_as_unsloth_does(monkeypatch, device):
     monkeypatch.setattr(unsloth, "kernel_modules", _stand_ins)
     impl = Implementation("unsloth (stand-ins)", unsloth.implementation())
-    assert set(impl.select()) == set(SPECS) - {"swiglu", "geglu"}
+    assert set(impl.select()) == set(SPECS) - set(impl.declared_lacking())
+    assert all("LoRA_MLP" in why for why in impl.declared_lacking().values())
     for op in impl.select():
         for case in SPECS[op].stratified("float32", case_budget())[:2]:
             result = run_case(SPECS[op], case, impl, device)
             assert result.passed, result.explain()
+
+
+def test_an_op_added_to_the_registry_is_declared_lacking(monkeypatch):
+    """The adapter enumerates the registry: a new op (here a declared one) is lacking, not missing."""
+    import torch.nn.functional as F
+
+    from oracle.declare import Dim, Op, Tensor
+
+    monkeypatch.setattr(unsloth, "kernel_modules", _stand_ins)
+    softmax = Op("softmax_for_the_adapter_test", reference=lambda X: F.softmax(X, -1), inputs={"X": Tensor("n")},
+                 dims={"n": Dim(1, 8)})
+    monkeypatch.setitem(SPECS, softmax.name, softmax.spec)
+    impl = Implementation("unsloth (stand-ins)", unsloth.implementation())
+    assert impl.declared_lacking()[softmax.name] == unsloth.NO_KERNEL
+    assert softmax.name not in impl.select()

@@ -46,10 +46,9 @@ KERNEL_MODULES = {"rms": "rms_layernorm", "rope": "rope_embedding", "swiglu": "s
 # Packages whose __init__ must not run: they import Unsloth's training stack and patch transformers.
 BARE_PACKAGES = ("unsloth", "unsloth.kernels", "unsloth_zoo", "unsloth_zoo.temporary_patches")
 
-NO_AUTOGRAD = "Unsloth has no autograd {0}: its LoRA_MLP calls the raw {0} kernels inside its own Function"
-# Unsloth's kernels compute in fp32 whatever the input and make no float64 promise.
-NO_FLOAT64 = {"rms_norm", "rope", "swiglu_fg_kernel", "swiglu_DWf_DW_dfg_kernel", "geglu_approx_forward_kernel",
-              "geglu_exact_forward_kernel", "geglu_approx_backward_kernel", "geglu_exact_backward_kernel"}
+NO_AUTOGRAD = ("Unsloth has no autograd op for it: its LoRA_MLP calls the raw SwiGLU and GeGLU kernels inside its "
+               "own Function")
+NO_KERNEL = "Unsloth has no kernel for it"
 
 
 class Unavailable(RuntimeError):
@@ -163,11 +162,19 @@ _RAW_CLOBBERS = {name: {"DW", "e", "g"} for name in _RAW if name.endswith(("back
 def implementation() -> SimpleNamespace:
     """``--impl unsloth``: every op Unsloth has a kernel for."""
     kernel_modules()  # unavailable here: say why now, not at the first call
+    from ..ops import SPECS
+
+    provided = {"rms_norm": rms_norm, "rope": rope, **_RAW}
+    # Every other op of the registry is lacking: the gated MLPs' autograd ops, whose HF maths the
+    # raw kernels compute (a raw GeGLU kernel's is geglu with its approximation bound), because
+    # Unsloth only calls those inside LoRA_MLP; any op added later because it has no kernel for it.
+    raw_maths = {getattr(spec.reference, "func", spec.reference) for name, spec in SPECS.items() if name in _RAW}
     return SimpleNamespace(
-        rms_norm=rms_norm, rope=rope, **_RAW,
+        **provided,
         CLOBBERS={"rope": {"Q", "K"}, **_RAW_CLOBBERS},
-        LACKING={"swiglu": NO_AUTOGRAD.format("SwiGLU"), "geglu": NO_AUTOGRAD.format("GeGLU")},
-        NO_FLOAT64=NO_FLOAT64,
+        LACKING={name: NO_AUTOGRAD if spec.reference in raw_maths else NO_KERNEL
+                 for name, spec in SPECS.items() if name not in provided},
+        NO_FLOAT64=set(provided),  # Unsloth's kernels compute in fp32 whatever the input: no float64 promise
     )
 
 
