@@ -308,3 +308,25 @@ def test_baseline_view_drops_only_volatile_fields(small_report):
     assert [c["key"] for c in view["cells"]] == sorted(c["key"] for c in run["cells"])
     assert sorted(map(json.dumps, view["cells"])) == sorted(map(json.dumps, run["cells"]))
     assert len(view["cases"]) == len(run["cases"]) and not volatile_fields(view)
+
+
+def test_a_quick_run_against_a_full_baseline_judges_only_the_same_data(tmp_path, small_report):
+    """The quick and the full grid give some labels to other data (RMSNorm's zero-row case: the same
+    shape, another seed). A baseline of the full grid's cells under those labels, made for real, shares
+    no data with the quick run: every such cell is not judged, with the reason, none regresses, and
+    the gate exits 2 because it could judge nothing."""
+    from oracle.environment import environment
+    from oracle.report import sweep
+
+    quick = _loaded(small_report["json"])
+    labels = {cell["label"] for cell in quick["cells"]}
+    full = [t for t in sweep.plan(True, ["rms_norm"], ["float32"], ["llama"], checks=False) if t.case.label in labels]
+    assert full, "the grids share no label: nothing to test"
+    answers = sweep.run(full, "kernels", [None])
+    baseline = results.baseline_view(results.build(full, answers, "kernels", "full", environment(), 0.0))
+    comparison = gate.compare(quick, baseline)
+    shared = [c for c in quick["cells"] if c["key"] in {b["key"] for b in baseline["cells"]}]
+    assert shared and comparison["regressions"] == [] and comparison["judged"] == 0
+    assert comparison["not_judged"]["other data under the same label (another seed or case)"] == len(shared)
+    code, out = gate_stored_run(tmp_path, small_report, baseline=baseline)
+    assert code == 2 and "could judge nothing" in out, out

@@ -27,7 +27,7 @@ from ..environment import environment, platform_key, write_json_atomic, write_te
 from ..impls import ImplementationUnavailable, load
 from ..ops import SPECS
 from ..registry import DeclarationError, load_declared
-from . import gate, html, results, sweep, terminal
+from . import gate, html, results, shards, sweep, terminal
 
 DEFAULT_BENCH = Path("reports/bench-h200.json")
 
@@ -65,7 +65,13 @@ def parse(argv):
     parser.add_argument("--update-baseline", action="store_true", help="store this run as the platform's baseline")
     parser.add_argument("--workers", type=int, help="worker processes (default: CPU cores, or 2 per GPU)")
     parser.add_argument("--from-json", type=Path, help="render a stored run's table and dashboard again (no sweep)")
-    return parser.parse_args(argv)
+    parser.add_argument("--shard", metavar="K/N", help="run the K-th of N deterministic parts of the sweep (a CI job matrix)")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                        help="join the shards' JSON files into one run (then --gate, --update-baseline as for a sweep)")
+    args = parser.parse_args(argv)
+    if args.merge and (args.from_json or args.shard):
+        parser.error("--merge joins stored shards: it takes neither --from-json nor --shard")
+    return args
 
 
 def main(argv=None) -> int:
@@ -77,7 +83,9 @@ def main(argv=None) -> int:
     if args.noise_model:
         os.environ["ORACLE_NOISE_MODEL"] = args.noise_model  # the workers read it
     try:
-        stored = _stored_run(args.from_json) if args.from_json else None
+        shard = shards.parse(args.shard) if args.shard else None
+        stored = _stored_run(args.from_json) if args.from_json else \
+            shards.merge([_stored_run(p) for p in args.merge], [str(p) for p in args.merge]) if args.merge else None
         platform = stored["environment"]["platform"] if stored else platform_key()
         baseline_path = args.baseline or gate.default_baseline(platform)
         ops, not_tested = args.ops, {}
@@ -91,13 +99,17 @@ def main(argv=None) -> int:
                              "Triton's interpreter")
         tasks = None if stored else sweep.plan(args.full, ops, args.dtypes, args.variants, checks=not args.no_checks,
                                                at_scale=args.scale)
+        planned = len(tasks) if tasks is not None else None
+        if shard is not None:
+            tasks = shards.select(tasks, *shard)
         # --baseline names the run to compare with, and with --update-baseline also where to write;
         # a baseline about to be written for the first time has nothing to compare with yet.
         wanted = args.gate or (args.baseline and not args.update_baseline) or \
             (args.update_baseline and baseline_path.exists())
         baseline = gate.load_baseline(baseline_path, platform) if wanted else None
         if baseline and args.gate:  # fail now, not after the sweep, when nothing could be judged
-            run_keys = {c.get("key") for c in stored["cells"]} if stored else results.cell_keys(tasks)
+            run_keys = {(c.get("key"), c.get("identity")) for c in stored["cells"]} if stored else \
+                results.cell_keys(tasks)
             gate.check_overlap(run_keys, baseline, baseline_path)
     except gate.BaselineError as exc:
         if not (args.update_baseline and not args.gate):
@@ -109,6 +121,8 @@ def main(argv=None) -> int:
         return _usage_error(console, exc)
 
     document = stored or {**sweep_now(args, tasks, console), "not_tested": not_tested}
+    if shard is not None:
+        document["shard"] = {"index": shard[0], "count": shard[1], "tasks": len(tasks), "planned": planned}
     try:
         comparison = gate.compare(document, baseline, gate.Selection.of(args)) if baseline else None
     except gate.BaselineError as exc:
@@ -118,7 +132,7 @@ def main(argv=None) -> int:
                                 **comparison}
     json_path = args.json or Path("reports/out") / f"drift-{platform}.json"
     html_path = args.html or Path("reports/out") / f"drift-{platform}.html"
-    if not stored or args.json:
+    if not stored or args.json or args.merge:
         write_json_atomic(json_path, document)
     bench_path = args.bench or (DEFAULT_BENCH if DEFAULT_BENCH.exists() else None)
     bench = json.loads(bench_path.read_text()) if bench_path else None
@@ -136,6 +150,11 @@ def main(argv=None) -> int:
         terminal.print_verdict(comparison, console)
     if args.gate and not comparison["judged"]:
         return _usage_error(console, f"no cell of this run could be judged against the baseline {baseline_path}")
+    missing = (document.get("shards") or {}).get("missing")
+    if args.gate and missing:
+        count = document["shards"]["count"]
+        return _usage_error(console, f"shard(s) {', '.join(f'{k}/{count}' for k in missing)} missing: their cells "
+                                     "were not judged")
     if args.gate and comparison["regressions"]:
         return 1
     return 0

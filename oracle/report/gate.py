@@ -128,7 +128,7 @@ def _cells_problem(cells) -> str | None:
 def _cell_problem(cell) -> str | None:
     if not isinstance(cell, dict):
         return "is not a JSON object"
-    for field in ("key", "op", "variant", "dtype", "status"):
+    for field in ("key", "identity", "op", "variant", "dtype", "status"):
         if not isinstance(cell.get(field), str):
             return f"has no {field}"
     status, metrics = cell["status"], cell.get("metrics")
@@ -195,13 +195,13 @@ def _case_label(case) -> str | None:
 
 # --- comparison ------------------------------------------------------------------------------------
 
-def check_overlap(run_keys: set[str], baseline: dict, path: Path) -> None:
-    """Before the sweep: a run that shares no cell with the baseline (renamed keys, another grid)
-    could only pass by judging nothing."""
-    if not run_keys & {cell["key"] for cell in baseline["cells"]}:
+def check_overlap(run_keys: set[tuple[str, str]], baseline: dict, path: Path) -> None:
+    """Before the sweep: a run that shares no cell with the baseline (renamed keys, another grid,
+    the same labels on other data) could only pass by judging nothing."""
+    if not run_keys & {(cell["key"], cell["identity"]) for cell in baseline["cells"]}:
         raise BaselineError(f"no cell of this run is in the baseline {path} ({len(run_keys)} cells planned, "
-                            f"{len(baseline['cells'])} in the baseline, none in common: renamed keys or another "
-                            "grid?), so the gate could judge nothing")
+                            f"{len(baseline['cells'])} in the baseline, none in common with the same data: renamed "
+                            "keys or another grid?), so the gate could judge nothing")
 
 
 def compare(current: dict, baseline: dict, selection: Selection = Selection()) -> dict:
@@ -220,6 +220,9 @@ def compare(current: dict, baseline: dict, selection: Selection = Selection()) -
         old = before.get(cell.get("key"))
         if old is None:
             continue
+        if cell.get("identity") != old["identity"]:  # the same label on other data: nothing to compare
+            unjudged["other data under the same label (another seed or case)"] += 1
+            continue
         if cell.get("status") == "skipped" and not same_impl:
             unjudged["op missing from the implementation"] += 1  # another implementation may lack an op
             continue
@@ -229,7 +232,7 @@ def compare(current: dict, baseline: dict, selection: Selection = Selection()) -
     regressions += _new_findings(current, baseline)
     now_keys = {cell.get("key") for cell in run_cells}
     missing = sorted(before.keys() - now_keys)
-    unjudged.update(_why_absent(before[key], selection, current.get("sweep"), baseline.get("sweep")) for key in missing)
+    unjudged.update(_why_absent(before[key], selection, current, baseline.get("sweep")) for key in missing)
     return {"deltas": deltas, "regressions": regressions, "judged": len(deltas),
             "not_judged": dict(unjudged.most_common()),
             "new_cells": sorted(now_keys - before.keys()), "missing_cells": missing,
@@ -287,9 +290,19 @@ def _cell_regressions(now: dict, before: dict, hf_alike: bool = True) -> list[st
     return out
 
 
-def _why_absent(cell: dict, selection: Selection, run_sweep: str | None, baseline_sweep: str | None) -> str:
+def _why_absent(cell: dict, selection: Selection, current: dict, baseline_sweep: str | None) -> str:
+    from .shards import identity_shard, missing_shard
+
+    run_sweep = current.get("sweep")
     if not selection.keeps(cell):
         return f"filtered out by {selection.flags()}"
+    lost = missing_shard(cell, current)
+    if lost is not None:
+        return f"in shard {lost}/{current['shards']['count']}, which is missing"
+    shard = current.get("shard")
+    if isinstance(shard, dict) and isinstance(cell.get("identity"), str) and \
+            identity_shard(cell["identity"], shard["count"]) != shard["index"]:
+        return f"in another shard than {shard['index']}/{shard['count']}"
     if run_sweep != baseline_sweep:
         return f"not in the {run_sweep} grid of this run (the baseline's is {baseline_sweep})"
     return "not in this run (renamed, or dropped from the grid)"

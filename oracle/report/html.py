@@ -55,6 +55,8 @@ def _grid(cells: list[dict], value, reduce) -> tuple[list[str], list[list[float]
 
 def _heatmap(rows, grid, title, cmap, vmin, vmax, fmt, label) -> str:
     """Colours clipped to [vmin, vmax]; the numbers written in the cells are the real values."""
+    if not rows:  # a run with no cells (a shard of checks alone)
+        return "<p>No cells in this run.</p>"
     fig, ax = plt.subplots(figsize=(6.2, 0.32 * len(rows) + 1.4))
     clipped = [[min(max(v, vmin), vmax) if not math.isnan(v) else v for v in row] for row in grid]
     image = ax.imshow(clipped, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax)
@@ -112,6 +114,8 @@ def bit_identity_heatmap(cells) -> str:
 
 def ulp_histograms(cells) -> str:
     ops = sorted({c["op"] for c in cells})
+    if not ops:
+        return "<p>No cells in this run.</p>"
     fig, axes = plt.subplots(1, len(ops), figsize=(3.2 * len(ops), 2.8), squeeze=False, sharey=True)
     for ax, op in zip(axes[0], ops):
         width = 0.27

@@ -5,6 +5,7 @@ baseline is the document in the stable form of ``baseline_view``."""
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 from collections import defaultdict
 from dataclasses import asdict
@@ -14,7 +15,7 @@ from ..engine import repro_command
 from ..ops import SPECS
 from .sweep import Task, columns_of
 
-SCHEMA = "kernel-oracle/drift/2"  # 2: per-element and distribution metrics, gradient layouts
+SCHEMA = "kernel-oracle/drift/3"  # 3: each cell's data identity, the host's maths; 2: per-element metrics
 
 
 def cell_key(case: Case, tensor: str) -> str:
@@ -22,9 +23,16 @@ def cell_key(case: Case, tensor: str) -> str:
     return f"{case.op}/{case.variant}/{case.dtype}/{case.label}/{tensor}"
 
 
-def cell_keys(tasks: list[Task]) -> set[str]:
-    """The keys of the cells a sweep of ``tasks`` will produce (build), known before it runs."""
-    return {cell_key(task.case, tensor) for task in tasks if task.kind == "case"
+def data_identity(case: Case) -> str:
+    """What a cell's data is made from: the whole case (dims, layout, values, params, seed), hashed.
+    Two grids may give one label to other data (the quick grid and the full one reuse labels with
+    other seeds); the gate compares cells only where this matches."""
+    return hashlib.sha256(case_identity(asdict(case)).encode()).hexdigest()[:16]
+
+
+def cell_keys(tasks: list[Task]) -> set[tuple[str, str]]:
+    """(key, data identity) of the cells a sweep of ``tasks`` will produce (build), known before it runs."""
+    return {(cell_key(task.case, tensor), data_identity(task.case)) for task in tasks if task.kind == "case"
             for tensor in SPECS[task.case.op].compared()}
 
 
@@ -43,7 +51,8 @@ def build(tasks: list[Task], answers: dict[int, dict], impl: str, grid: str, env
                 status = ("pass" if verdict["passed"] else "fail") if verdict else result["status"]
                 if verdict and result["status"] == "fail" and verdict["passed"] and result["findings"]:
                     status = "pass"  # the case failed on a finding, not on this tensor's numbers
-                cells.append({"key": cell_key(case, tensor), "op": case.op, "variant": case.variant,
+                cells.append({"key": cell_key(case, tensor), "identity": data_identity(case), "op": case.op,
+                              "variant": case.variant,
                               "dtype": case.dtype, "label": case.label, "tensor": tensor, "columns": columns_of(case),
                               "layout": case.layout, "status": status, "metrics": verdict})
         else:

@@ -1,0 +1,79 @@
+"""Sweeps split over machines (oracle/report/shards.py, Note [Shards]): the union of N shards is the
+unsharded run, cell for cell, and a missing shard leaves its cells not judged, never passed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oracle.report import shards, sweep
+from tests.conftest import ROOT
+
+SLICE = ("--ops", "swiglu_fg_kernel", "--dtypes", "float32", "--workers", "1")  # 5 cases and 2 checks
+
+
+def _report(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "oracle.report", *SLICE, *map(str, args)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> dict:
+    """The slice unsharded, stored as its own baseline."""
+    out = tmp_path_factory.mktemp("whole")
+    paths = {"json": out / "whole.json", "baseline": out / "baseline.json"}
+    proc = _report("--json", paths["json"], "--html", out / "whole.html", "--update-baseline", "--baseline",
+                   paths["baseline"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {name: str(path) for name, path in paths.items()}
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> list[Path]:
+    out = tmp_path_factory.mktemp("shards")
+    paths = []
+    for k in (1, 2, 3):
+        path = out / f"shard-{k}.json"
+        proc = _report("--shard", f"{k}/3", "--json", path, "--html", out / f"shard-{k}.html")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert json.loads(path.read_text())["shard"]["index"] == k
+        paths.append(path)
+    return paths
+
+
+def _comparable(cell: dict) -> tuple:
+    metrics = {k: v for k, v in (cell["metrics"] or {}).items()}
+    return cell["key"], cell["identity"], cell["status"], json.dumps(metrics, sort_keys=True)
+
+
+def test_every_task_is_in_exactly_one_shard():
+    tasks = sweep.plan(False, ["rms_norm", "rope"], ["float32"], None)
+    parts = [shards.select(tasks, k, 4) for k in (1, 2, 3, 4)]
+    assert sorted(t.id for part in parts for t in part) == [t.id for t in tasks]
+    assert all(parts), "a shard of this plan is empty"
+    with pytest.raises(ValueError, match="K/N"):
+        shards.parse("4/3")
+
+
+def test_the_union_of_the_shards_is_the_unsharded_run(sharded, whole, tmp_path):
+    merged_path = tmp_path / "merged.json"
+    proc = subprocess.run([sys.executable, "-m", "oracle.report", "--merge", *map(str, sharded), "--json",
+                           str(merged_path), "--html", str(tmp_path / "merged.html"), "--gate", "--baseline",
+                           whole["baseline"]], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    merged, whole = json.loads(merged_path.read_text()), json.loads(Path(whole["json"]).read_text())
+    assert sorted(map(_comparable, merged["cells"])) == sorted(map(_comparable, whole["cells"]))
+    assert len(merged["aliasing"]) == len(whole["aliasing"]) and merged["shards"]["missing"] == []
+    assert "0 regressions; 0 baseline cells not judged" in proc.stdout
+
+
+def test_a_missing_shard_is_not_judged_and_not_a_pass(sharded, whole, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "oracle.report", "--merge", *map(str, sharded[:2]), "--json",
+                           str(tmp_path / "two.json"), "--html", str(tmp_path / "two.html"), "--gate", "--baseline",
+                           whole["baseline"]], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "in shard 3/3, which is missing" in proc.stdout and "shard(s) 3/3 missing" in proc.stdout
