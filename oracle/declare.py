@@ -517,10 +517,13 @@ def _plain(value):
 
 
 def _programs(op: Op) -> Programs | None:
-    """Along the programs dim, where every tensor holding it holds it first."""
+    """Along the programs dim, for an op with a scale grid (the only cases judged on a slice):
+    every tensor holding that dim holds it first, and so does every output."""
     p = op.programs_dim
-    if p is None or any(p in t.dims[1:] for t in op.inputs.values()):
+    if p is None or not op.scale:
         return None
+    if any(p in t.dims[1:] for t in op.inputs.values()):
+        raise DeclarationError(f"op {op.name!r}: scale: the programs dim {p!r} must come first in every tensor")
     holders = {n for n, t in op.inputs.items() if t.dims[:1] == (p,)}
 
     def size(case: Case) -> tuple[int, int]:

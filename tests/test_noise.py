@@ -93,8 +93,39 @@ def test_the_accumulation_model_is_a_real_float32_sum_in_random_orders(signs):
     for k in range(1, 2000):  # float32 additions, 300 orders at once
         sums = sums + shuffled[:, k]
     measured = (sums.double() - exact).square().mean()
-    model = R.accumulation_variance(exact, terms.double().square().sum(), 2000, torch.float32)
+    # a sum rounds once per step; the model grants every step STEP_ROUNDINGS (Welford's updates)
+    model = R.accumulation_variance(exact, terms.double().square().sum(), 2000, torch.float32) / R.STEP_ROUNDINGS
     assert 0.5 < float(measured / model) < 2.5, float(measured / model)
+
+
+def _welford(X):
+    mean, m2 = torch.zeros(X.shape[0], 1), torch.zeros(X.shape[0], 1)
+    for k in range(X.shape[1]):
+        x = X[:, k:k + 1]
+        delta = x - mean
+        mean = mean + delta / (k + 1)
+        m2 = m2 + delta * (x - mean)
+    return mean, m2 / X.shape[1]
+
+
+def test_welfords_mean_and_variance_are_granted_their_roundings():
+    """Note [Accumulation]'s STEP_ROUNDINGS: LayerNorm rows of 7 columns in float32, normalised with
+    a Welford loop's mean and variance and with Inductor's (dynamic shapes: a vectorised, masked
+    Welford), stay inside the derived model; with one rounding per step they would not all."""
+    from oracle.declare import Dim, Op, Tensor
+
+    op = Op("layer_norm_for_the_welford_test", reference=lambda X: F.layer_norm(X, X.shape[-1:]),
+            inputs={"X": Tensor("rows", "cols")}, dims={"rows": Dim(1, 100), "cols": Dim(1, 8)})
+    case = Case(op.name, "default", "float32", {"rows": 65, "cols": 7}, "contiguous", "normal", {}, seed=133)
+    p = prepare(op.spec, case, "cpu")
+    X, t, h = p.args["X"], p.truth.outputs["out"], p.hf.outputs["out"].double()
+    mean, var = _welford(X)
+    candidates = {"welford": (X - mean) * torch.rsqrt(var + 1e-5),
+                  "inductor": torch.compile(op.reference, dynamic=True)(X)}
+    for name, y in candidates.items():
+        room = torch.maximum(p.element_noise["out"], (h - t).abs())
+        e = (y.double() - t).abs() / (R.spacing(t, torch.float32) + room)
+        assert float(e.max()) <= 2, name
 
 
 def _ulps(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -409,7 +409,8 @@ def _accumulation_sample(call, out, dtype, generator) -> torch.Tensor:
         order = torch.rand(x.shape, generator=generator, dtype=torch.float64).argsort(-1)
         partial = torch.gather(x, -1, order.to(x.device)).cumsum(-1)[..., 1:]
         noise = (torch.rand(partial.shape, generator=generator, dtype=torch.float64).to(x.device) - 0.5)
-        error = (noise * R.spacing(partial, acc)).sum(-1)
+        # each step's roundings (STEP_ROUNDINGS of them, Note [Accumulation]) drawn as one of their variance
+        error = (noise * R.spacing(partial, acc)).sum(-1) * R.STEP_ROUNDINGS ** 0.5
         return error.reshape(out.shape) if not bound.get("keepdim") else error.unsqueeze(dim).reshape(out.shape)
     # In sample mode the inputs carry no variances, so the exact rule gives the accumulation alone.
     variance = _EXACT[call.func](call, [out], [dtype])[0][0]
