@@ -24,6 +24,10 @@ Active:
 - A worker killed by a crash (a segfault under the interpreter, an illegal address on the GPU)
   loses only the case it was running: xdist replaces the worker, and the crash report names the
   case and the command that reruns it.
+- Failures are reported fast: hypothesis shrinks a failing case for at most ORACLE_SHRINK_SECONDS
+  (default 30; hypothesis's own limit is 5 minutes, and a long case under the interpreter takes
+  seconds a run), and under ``-x`` the first failure stops the other workers at their next case
+  (they skip what is left, saying why) instead of when their current test ends.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ _BEFORE = {name: _profile(name) for name in PROFILES}
 INFLIGHT = Path(".oracle") / "inflight" / str(os.getpid())
 
 INACTIVE = "no implementation asked: pass --impl NAME|package.module:attr, or set the ini option oracle_impl"
+SHRINK_SECONDS = 30.0  # default of ORACLE_SHRINK_SECONDS
 
 
 def pytest_addoption(parser):
@@ -96,6 +101,7 @@ def _asked(config) -> str | None:
 def pytest_configure(config):
     """Load the implementation asked and settle the ops asked of it, or fail the session before collection."""
     config.oracle_impl_name = config.getoption("--impl") or config.getini("oracle_impl") or None
+    _CONFIG["config"] = config
     name = _asked(config)
     if name is None:
         for option in ("--ops", "--scale", "--op-module", "--noise-model"):
@@ -107,6 +113,7 @@ def pytest_configure(config):
     if hasattr(config, "workerinput"):  # an xdist worker: note into the controller's folder
         INFLIGHT = Path(config.workerinput["oracle_inflight"])
     _load_profile()
+    _bound_shrinking()
     from oracle import engine
     from oracle.impls import ImplementationUnavailable, load
 
@@ -127,6 +134,16 @@ def pytest_configure(config):
     except (ImplementationUnavailable, ValueError) as exc:
         raise pytest.UsageError(f"--impl {name}: {exc}") from exc
     config.oracle_not_tested = {op: why for op, why in impl.declared_lacking().items() if impl.op(op) is None}
+
+
+def _bound_shrinking() -> None:
+    """Report a failure within about a minute: shrinking stops after ORACLE_SHRINK_SECONDS."""
+    try:
+        from hypothesis.internal.conjecture import engine as conjecture
+    except ImportError:  # a hypothesis without that module: its own limit holds
+        return
+    if hasattr(conjecture, "MAX_SHRINKING_SECONDS"):
+        conjecture.MAX_SHRINKING_SECONDS = float(os.environ.get("ORACLE_SHRINK_SECONDS", SHRINK_SECONDS))
 
 
 def _load_profile() -> None:
@@ -207,8 +224,15 @@ def _inflight_file(worker: str) -> Path:
     return INFLIGHT / f"{worker}.json"
 
 
+def _stop_flag() -> Path:
+    return INFLIGHT / "stop"
+
+
 def _record_inflight(case, impl: str | None, check: str | None = None) -> None:
     from oracle import engine
+
+    if case is not None and _stop_flag().exists():  # -x: another worker's test failed
+        pytest.skip("stopped: a test failed and -x (--maxfail) ends the session")
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     path = _inflight_file(worker)
@@ -218,6 +242,25 @@ def _record_inflight(case, impl: str | None, check: str | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     what = case.summary() + (f" [check {check}]" if check else "")
     path.write_text(json.dumps({"case": what, "repro": engine.repro_command(case, impl, check)}))
+
+
+_failed = 0
+
+
+def pytest_runtest_logreport(report):
+    """Under -x (--maxfail=N), the N-th failure tells every worker to stop at its next case."""
+    global _failed
+    config = getattr(report, "config", None) or _CONFIG.get("config")
+    if config is None or _asked(config) is None or hasattr(config, "workerinput") or not report.failed:
+        return
+    _failed += 1
+    maxfail = config.getoption("maxfail", 0)
+    if maxfail and _failed >= maxfail:
+        _stop_flag().parent.mkdir(parents=True, exist_ok=True)
+        _stop_flag().touch()
+
+
+_CONFIG: dict = {}
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -41,3 +41,15 @@ def test_hung_cases_become_verdicts_and_the_run_ends_in_bounded_time():
     assert "crashed in case: rms_norm[llama] float32 lead=[2] cols=1500" in out, out
     assert "rerun: python -m oracle.repro --impl tests.broken_impls:stuck_on_wide_rows" in out, out
     assert time.monotonic() - start < 120
+
+
+def test_the_first_failure_stops_the_other_workers_under_x():
+    """-x: the worker still in a long test skips its next case, saying why, instead of running on."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-x", "-rs", "-p", "no:cacheprovider", "-o",
+                           "python_files=check_*.py", "tests/crashing/check_stop.py", "-q"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode in (1, 2) and "1 failed, 1 skipped" in out, out  # 2: xdist reports -x as interrupted
+    assert "stopped: a test failed and -x (--maxfail) ends the session" in out, out
+    assert time.monotonic() - start < 40  # the slow test alone takes a minute

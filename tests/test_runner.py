@@ -84,3 +84,18 @@ def test_no_dependency_is_imported_or_skipped():
     for path in (ROOT / "tests").glob("*.py"):
         skipped = set(re.findall(r"importorskip\(\s*[\"']([\w.]+)", path.read_text()))
         assert not skipped & dependencies, f"{path.name} skips on missing {sorted(skipped & dependencies)}"
+
+
+def test_shrinking_is_bounded_so_a_failure_is_reported_within_a_minute(monkeypatch):
+    """The plugin caps hypothesis's shrinking (5 minutes of its own) at ORACLE_SHRINK_SECONDS."""
+    from hypothesis.internal.conjecture import engine as conjecture
+
+    from oracle import pytest_plugin
+
+    monkeypatch.setattr(conjecture, "MAX_SHRINKING_SECONDS", 300)
+    monkeypatch.setenv("ORACLE_SHRINK_SECONDS", "12")
+    pytest_plugin._bound_shrinking()
+    assert conjecture.MAX_SHRINKING_SECONDS == 12
+    monkeypatch.delenv("ORACLE_SHRINK_SECONDS")
+    pytest_plugin._bound_shrinking()
+    assert conjecture.MAX_SHRINKING_SECONDS == pytest_plugin.SHRINK_SECONDS
