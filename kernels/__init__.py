@@ -1,8 +1,10 @@
 """Hand-written Triton kernels for RMSNorm, RoPE, SwiGLU and GeGLU.
 
 This package is an implementation under test in the sense of docs/design.md §2: the harness finds the
-ops below by name and the arguments each may overwrite in ``CLOBBERS``. On a machine without a
-GPU the kernels run through Triton's interpreter, with its bf16 casts corrected (see _runtime).
+ops below by name, the arguments each may overwrite in ``CLOBBERS``, and in ``COMPILES`` that every
+op goes into a torch.compile graph whole (each is a ``kernel_oracle`` custom op, see _library). On
+a machine without a GPU the kernels run through Triton's interpreter, with its bf16 casts corrected
+(see _runtime).
 """
 
 from . import _runtime  # noqa: F401  (picks GPU or interpreter before any kernel is decorated)
@@ -28,7 +30,15 @@ CLOBBERS: dict[str, set[str]] = {
     "swiglu_DWf_DW_dfg_kernel": {"DW", "e", "g"},  # receive h, df and de
 }
 
+# Every op compiles into one node of a torch.compile graph (fullgraph=True works): a graph break in
+# any of them is a failure of the harness's compile check, not a note.
+COMPILES = True
+
+# exp as exact as CUDA's library (libdevice's expf, not Triton's tl.exp): the verdict judges the
+# kernels without the room it grants fast exp by default (oracle/noise/rounding.py, Note [Fast maths]).
+EXACT_MATHS = True
+
 __all__ = [
-    "CLOBBERS", "geglu", "geglu_approx_backward_kernel", "geglu_approx_forward_kernel", "geglu_exact_backward_kernel",
+    "CLOBBERS", "COMPILES", "EXACT_MATHS", "geglu", "geglu_approx_backward_kernel", "geglu_approx_forward_kernel", "geglu_exact_backward_kernel",
     "geglu_exact_forward_kernel", "rms_norm", "rope", "swiglu", "swiglu_DWf_DW_dfg_kernel", "swiglu_fg_kernel",
 ]

@@ -11,6 +11,10 @@ from ._runtime import interpreted
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
+# Fixed once kernels/_runtime.py has picked the backend; a constant here, so that torch.compile
+# traces the device check below without calling into Triton (a graph break).
+_INTERPRETED = interpreted()
+
 
 def require_tensor(name: str, t: object) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
@@ -39,10 +43,10 @@ def require_kernel_device(**tensors: torch.Tensor) -> None:
         listed = ", ".join(f"{name} on {device}" for name, device in devices.items())
         raise ValueError(f"tensors must be on one device: {listed}")
     device = next(iter(devices.values()))
-    if interpreted() and device.type != "cpu":
+    if _INTERPRETED and device.type != "cpu":
         raise ValueError(f"the kernels run on the CPU through Triton's interpreter here, but the tensors are "
                          f"on {device}; move them to the CPU")
-    if not interpreted() and device.type != "cuda":
+    if not _INTERPRETED and device.type != "cuda":
         raise ValueError(
             f"the kernels run on CUDA but the tensors are on {device}; move them to the GPU "
             "(or set TRITON_INTERPRET=1 to run them on the CPU through Triton's interpreter)"

@@ -18,6 +18,8 @@ The raw kernels, one pair per approximation: ``geglu_{exact,approx}_forward_kern
 new h; ``geglu_{exact,approx}_backward_kernel(DW, e, g)`` write h, df and de INTO DW, e and g
 (``CLOBBERS``), as the SwiGLU raw backward does. ``geglu(e, g, approximate)`` is the autograd op on
 the same kernels; its backward writes fresh tensors. Launching and validation: see _elementwise.
+Each is a wrapper around a ``kernel_oracle`` custom op of the same name (kernels/_library.py);
+``geglu``'s backward is the op ``geglu_backward``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from triton.language.extra import libdevice
 
 from . import _elementwise
 from ._elementwise import exp, flat_block
+from ._library import calls, custom_op
 from ._mlp_patch import GatedMLPPatch
 from ._runtime import interpreted
 
@@ -163,45 +166,101 @@ def _require_approximation(approximate: object) -> str:
     return approximate
 
 
-@torch.compiler.disable
+# --- the custom ops (kernels/_library.py) and their wrappers ---------------------------------------
+
+
+@custom_op("geglu")
+def _geglu_op(e: torch.Tensor, g: torch.Tensor, approximate: str) -> torch.Tensor:
+    return _elementwise.forward(GEGLU[approximate], e, g)
+
+
+@custom_op("geglu_backward")
+def _geglu_backward_op(dh: torch.Tensor, e: torch.Tensor, g: torch.Tensor,
+                       approximate: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _elementwise.backward(GEGLU[approximate], dh, e, g)
+
+
+_elementwise.register_autograd_op(_geglu_op, _geglu_backward_op)
+
+
+def _raw_ops(approximate: str, name: str):
+    """The raw forward and backward ops of one approximation, named as the contract names them."""
+    kernels = GEGLU[approximate]
+
+    @custom_op(f"geglu_{name}_forward_kernel")
+    def forward_op(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return _elementwise.forward(kernels, e, g)
+
+    @custom_op(f"geglu_{name}_backward_kernel", mutates_args=("DW", "e", "g"))
+    def backward_op(DW: torch.Tensor, e: torch.Tensor, g: torch.Tensor) -> None:
+        _elementwise.raw_backward(kernels, DW, e, g)
+
+    _elementwise.register_raw_ops(forward_op, backward_op)
+    return forward_op, backward_op
+
+
+_EXACT_OPS = _raw_ops("none", "exact")
+_APPROX_OPS = _raw_ops("tanh", "approx")
+
+
+def _raw_forward(name: str, op, e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    _elementwise.validate(True, e=e, g=g)
+    _elementwise.require_outside_autograd(name, "kernels.geglu", e=e, g=g)
+    return op(e, g)
+
+
+def _raw_backward(name: str, op, DW: torch.Tensor, e: torch.Tensor, g: torch.Tensor):
+    _elementwise.validate(True, DW=DW, e=e, g=g)
+    _elementwise.require_writable(name, DW=DW, e=e, g=g)
+    op(DW, e, g)
+    return DW, e, g
+
+
+@calls(_EXACT_OPS[0])
 def geglu_exact_forward_kernel(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Raw forward: a new tensor h = gelu(e) * g (erf GeLU). e, g: same shape and dtype, contiguous."""
-    return _elementwise.raw_forward(GEGLU["none"], e, g)
+    """Raw forward: a new tensor h = gelu(e) * g (erf GeLU). e, g: same shape and dtype, contiguous;
+    outside autograd, so with grad mode on, inputs that require grad are refused (RuntimeError)."""
+    return _raw_forward("geglu_exact_forward_kernel", _EXACT_OPS[0], e, g)
 
 
-@torch.compiler.disable
+@calls(_APPROX_OPS[0])
 def geglu_approx_forward_kernel(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Raw forward: a new tensor h = gelu_tanh(e) * g. e, g: same shape and dtype, contiguous."""
-    return _elementwise.raw_forward(GEGLU["tanh"], e, g)
+    """Raw forward: a new tensor h = gelu_tanh(e) * g. e, g: same shape and dtype, contiguous;
+    outside autograd, so with grad mode on, inputs that require grad are refused (RuntimeError)."""
+    return _raw_forward("geglu_approx_forward_kernel", _APPROX_OPS[0], e, g)
 
 
-@torch.compiler.disable
+@calls(_EXACT_OPS[1])
 def geglu_exact_backward_kernel(DW: torch.Tensor, e: torch.Tensor, g: torch.Tensor):
     """Raw backward (erf GeLU): writes h into DW, df into e and de into g; returns (DW, e, g).
 
     DW is the gradient reaching h. All three buffers are overwritten (``CLOBBERS``) and their version
-    counters bumped; they must not share memory (ValueError).
+    counters bumped; they must not share memory (ValueError), nor, with grad mode on, be a leaf that
+    requires grad (RuntimeError, as torch's in-place ops).
     """
-    return _elementwise.raw_backward(GEGLU["none"], DW, e, g)
+    return _raw_backward("geglu_exact_backward_kernel", _EXACT_OPS[1], DW, e, g)
 
 
-@torch.compiler.disable
+@calls(_APPROX_OPS[1])
 def geglu_approx_backward_kernel(DW: torch.Tensor, e: torch.Tensor, g: torch.Tensor):
     """Raw backward (tanh GeLU): writes h into DW, df into e and de into g; returns (DW, e, g).
 
     DW is the gradient reaching h. All three buffers are overwritten (``CLOBBERS``) and their version
-    counters bumped; they must not share memory (ValueError).
+    counters bumped; they must not share memory (ValueError), nor, with grad mode on, be a leaf that
+    requires grad (RuntimeError, as torch's in-place ops).
     """
-    return _elementwise.raw_backward(GEGLU["tanh"], DW, e, g)
+    return _raw_backward("geglu_approx_backward_kernel", _APPROX_OPS[1], DW, e, g)
 
 
-@torch.compiler.disable
+@calls(_geglu_op)
 def geglu(e: torch.Tensor, g: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
     """h = gelu(e, approximate) * g as HF's GemmaMLP computes it; differentiable in e and g; any layout.
 
     ``approximate``: "tanh" (Gemma's gelu_pytorch_tanh, the default) or "none" (erf).
     """
-    return _elementwise.autograd_op(GEGLU[_require_approximation(approximate)], e, g)
+    approximate = _require_approximation(approximate)
+    _elementwise.validate(False, e=e, g=g)
+    return _elementwise.differentiable(_geglu_op, GEGLU[approximate], e, g, approximate)
 
 
 # HF's GeLU modules that call F.gelu through their ``act`` attribute: GELUActivation (ACT2FN["gelu"])

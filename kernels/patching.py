@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ._library import tracing
 from ._mlp_patch import GatedMLPPatch, is_gated_mlp
 from .rms_norm import rms_norm
 from .rope import rope
@@ -93,7 +94,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     rows, seq, head_dim = cos.shape
     if rows == 1:  # one row set for the whole batch: token s takes row s, no position_ids (nor their range check)
         return rope(q, k, cos[0], sin[0])
-    positions = _token_rows(rows, seq, cos.device)
+    # Traced, the table of rows is part of the graph (Dynamo would trace through the cache anyway).
+    positions = torch.arange(rows * seq, device=cos.device).view(rows, seq) if tracing() else \
+        _token_rows(rows, seq, cos.device)
     return rope(q, k, cos.reshape(rows * seq, head_dim), sin.reshape(rows * seq, head_dim), positions)
 
 

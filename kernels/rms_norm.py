@@ -31,6 +31,8 @@ once to W's dtype. Every order is fixed by the shapes alone: same inputs on the 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import triton
@@ -39,6 +41,7 @@ import triton.language as tl
 from . import _checks
 from ._launch import TL_COMPUTE, cdiv, device_index, next_power_of_2, program_slots
 from ._layout import rows_addressable
+from ._library import calls, custom_op, tracing
 from ._rms_norm_configs import Config, lookup
 from ._runtime import launching
 
@@ -289,15 +292,23 @@ def _validate(X: torch.Tensor, W: torch.Tensor, eps: object, gemma: object, writ
     return _checks.require_small_nonnegative("eps", eps)
 
 
+def _forward_outputs(X: torch.Tensor, W: torch.Tensor, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Y (contiguous; Llama's dtype follows promotion of X and W, Gemma's is X's) and inv_var (one per
+    row, in the compute dtype), unwritten: the real forward fills them, the fake returns them."""
+    out_dtype = X.dtype if gemma else torch.promote_types(X.dtype, W.dtype)
+    compute = torch.float64 if torch.float64 in (X.dtype, W.dtype) else torch.float32
+    n_rows = math.prod(X.shape[:-1])
+    return (torch.empty(X.shape, dtype=out_dtype, device=X.device),
+            torch.empty(n_rows, dtype=compute, device=X.device))
+
+
 def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,
             config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(Y, inv_var) for validated inputs; ``config`` overrides the measured setting (the tuner's)."""
     n_cols = X.shape[-1]
-    out_dtype = X.dtype if gemma else torch.promote_types(X.dtype, W.dtype)
-    compute = torch.float64 if torch.float64 in (X.dtype, W.dtype) else torch.float32
-    Y = torch.empty(X.shape, dtype=out_dtype, device=X.device)
-    n_rows = Y.numel() // n_cols
-    inv_var = torch.empty(n_rows, dtype=compute, device=X.device)
+    Y, inv_var = _forward_outputs(X, W, gemma)
+    compute = inv_var.dtype
+    n_rows = inv_var.numel()
     if n_rows == 0:
         return Y, inv_var
     layout, (X_rows,) = rows_addressable(X)
@@ -360,7 +371,76 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
     return dW
 
 
+# --- the custom ops (kernels/_library.py) --------------------------------------------------------
+
+
+@custom_op("rms_norm")
+def _rms_norm_op(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Y, inv_var): inv_var is what backward needs, an output so that autograd can save it."""
+    return forward(X, W, eps, gemma)
+
+
+@custom_op("rms_norm_backward")
+def _rms_norm_backward_op(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.Tensor, gemma: bool,
+                          needs_dW: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dX, dW) in new tensors; dW is empty (0 elements) unless ``needs_dW``: an op returns tensors."""
+    dX, dW = _backward_outputs(X, W, needs_dW)
+    if inv_var.numel() == 0:  # no rows: nothing to launch, and a dW of zeros
+        return dX, dW.zero_()
+    dW_sum = backward(dY, X, W, inv_var, gemma, dX, needs_dW)
+    return dX, dW if dW_sum is None else dW_sum
+
+
+def _backward_outputs(X: torch.Tensor, W: torch.Tensor, needs_dW: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty(X.shape, dtype=X.dtype, device=X.device),
+            torch.empty(X.shape[-1] if needs_dW else 0, dtype=W.dtype, device=W.device))
+
+
+@_rms_norm_op.register_fake
+def _(X, W, eps, gemma):
+    return _forward_outputs(X, W, gemma)
+
+
+@_rms_norm_backward_op.register_fake
+def _(dY, X, W, inv_var, gemma, needs_dW):
+    return _backward_outputs(X, W, needs_dW)
+
+
+def _setup_context(ctx, inputs, output):
+    X, W, eps, gemma = inputs
+    _, inv_var = output
+    ctx.mark_non_differentiable(inv_var)
+    ctx.save_for_backward(X, W, inv_var)
+    ctx.gemma = gemma
+
+
+def _backward_formula(ctx, dY, _inv_var_grad):
+    X, W, inv_var = ctx.saved_tensors
+    needs_dW = ctx.needs_input_grad[1]
+    dX, dW = _rms_norm_backward_op(dY, X, W, inv_var, ctx.gemma, needs_dW)
+    return dX, dW if needs_dW else None, None, None
+
+
+_rms_norm_op.register_autograd(_backward_formula, setup_context=_setup_context)
+
+
+# --- eager mode ---------------------------------------------------------------------------------
+
+
 class RMSNormFunction(torch.autograd.Function):
+    """rms_norm in eager mode (kernels/_library.py, Note [Eager autograd skips the dispatcher]): the
+    same forward and backward as the ops, and the opt-in write of dX into the incoming gradient.
+
+    Note [write_dx_into_dy is eager only]
+        That mode cannot be a custom op. The buffer is a gradient autograd hands backward, and the
+        op would have to mutate it and return it as dX: a custom op may not return an alias of its
+        input, and an op that mutates may not have an autograd formula (torch refuses both). Under
+        torch.compile the gradient is a tangent that AOTAutograd owns, and Inductor reuses dead
+        buffers on its own, which is the memory this mode saves. So the mode runs this Function in
+        eager mode even inside a compiled region (``torch.compiler.disable``: one graph break per
+        call instead of a failed trace).
+    """
+
     @staticmethod
     def forward(ctx, X, W, eps, gemma, write_dx_into_dy):
         Y, inv_var = forward(X, W, eps, gemma)
@@ -380,6 +460,11 @@ class RMSNormFunction(torch.autograd.Function):
         return dX, dW, None, None, None
 
 
+@torch.compiler.disable
+def _rms_norm_writing_dx_into_dy(X, W, eps, gemma):
+    return RMSNormFunction.apply(X, W, eps, gemma, True)
+
+
 def _can_overwrite(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor) -> bool:
     """dY's buffer can take dX only if it has X's dtype, owns each of its elements exactly once, and
     shares no memory with X or W, which other programs may still be reading."""
@@ -387,22 +472,28 @@ def _can_overwrite(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor) -> bool:
         not _checks.overlaps(dY, X) and not _checks.overlaps(dY, W)
 
 
-@torch.compiler.disable
+@calls(_rms_norm_op)
 def rms_norm(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool = False, *,
              write_dx_into_dy: bool = False) -> torch.Tensor:
     """RMSNorm over the last dimension of X, as HF's LlamaRMSNorm (or GemmaRMSNorm with ``gemma=True``).
 
     X: (..., n_cols) in any layout, n_cols <= 65536; W: (n_cols,) with X's dtype or float32.
     Differentiable in X and W. Llama's output dtype follows type promotion of W and X, as in HF;
-    Gemma's is X's.
+    Gemma's is X's. The op ``kernel_oracle::rms_norm`` (its backward ``rms_norm_backward``), so
+    torch.compile keeps it in its graph.
 
     ``write_dx_into_dy=True`` lets backward write dX into the incoming gradient's buffer, saving
     one activation. UNSAFE when that gradient is shared: a residual add hands the same gradient
     tensor to both branches, and the other branch then reads dX instead. Only for callers that own
     the gradient buffer. Ignored when dY cannot hold dX (other dtype, non-contiguous, expanded, or
-    sharing memory with X or W).
+    sharing memory with X or W). Eager only: under torch.compile it is a graph break (Note
+    [write_dx_into_dy is eager only]).
 
     ``eps``: a real number in [0, 3.4e38]; ``gemma`` and ``write_dx_into_dy``: bools (TypeError otherwise).
     """
     eps = _validate(X, W, eps, gemma, write_dx_into_dy)
-    return RMSNormFunction.apply(X, W, eps, gemma, write_dx_into_dy)
+    if write_dx_into_dy:
+        return _rms_norm_writing_dx_into_dy(X, W, eps, gemma)
+    if tracing():
+        return _rms_norm_op(X, W, eps, gemma)[0]
+    return RMSNormFunction.apply(X, W, eps, gemma, False)

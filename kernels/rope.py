@@ -18,12 +18,29 @@ writes new tensors and never touches its incoming gradient.
 Grid: (batch * seq, groups of GROUP_SIZE heads). Each program loads its token's cos/sin row once
 and rotates up to GROUP_SIZE heads of Q and of K as one 2-D block; masks stop the last group at
 n_heads (and at n_kv_heads for K, which has fewer heads under GQA).
+
+Note [RoPE under torch.compile]
+    The launch is the custom op ``kernel_oracle::rope``, whose schema marks Q and K mutated (their
+    ``CLOBBERS``). torch refuses an autograd formula for an op that mutates, so in eager mode the
+    wrapper runs the op below autograd and records the rotation with ``RotatedInPlace``, whose
+    ``mark_dirty`` on the views' bases (Note [Marking the buffers dirty]) is what lets Q and K be
+    views of a fused projection. Dynamo cannot trace ``mark_dirty``, so under torch.compile the
+    wrapper takes another path with the same results: the functional op ``rope_rotated`` (Q and K
+    rotated into new tensors by the same kernel; its gradient is the same op rotating back) and
+    ``Q.copy_``, ``K.copy_`` back into the caller's buffers, which autograd, functionalization and
+    Inductor all understand (Inductor may then write in place again). What changes there: the
+    eager-only refusals read view metadata or memory that a fake tensor does not have, so under
+    compile torch's own errors take their place (copy_ into a leaf that requires grad, into a
+    view from split/unbind, into an expanded tensor raises RuntimeError); Q and K sharing memory
+    with each other or a table is not refused there, and the write-backs land in order, as two
+    copy_ calls would. The positions' range check runs inside both ops, on real tensors.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -33,6 +50,7 @@ from torch._C._autograd import _get_creation_meta as _creation_meta
 
 from . import _checks
 from ._launch import TL_COMPUTE, cdiv, next_power_of_2
+from ._library import calls, custom_op, tracing
 from ._runtime import launching
 
 # Heads per program: amortises the token's cos/sin loads over several heads. The seed groups 4;
@@ -225,8 +243,9 @@ class RotatedInPlace(torch.autograd.Function):
 
 
 def _validate(Q, K, cos, sin, position_ids) -> torch.Tensor | None:
-    """Every check, before any launch; returns position_ids as (batch, seq) (a (1, seq) row broadcast,
-    as HF broadcasts it), or None."""
+    """Every check that metadata decides (traceable: torch.compile turns them into guards); returns
+    position_ids as (batch, seq) (a (1, seq) row broadcast, as HF broadcasts it), or None. The checks
+    that read memory run in the ops (``_require_safe_memory``)."""
     for name, t in (("Q", Q), ("K", K), ("cos", cos), ("sin", sin)):
         _checks.require_float(name, t)
     _checks.require_ndim("Q", Q, 4, "(batch, n_heads, seq, head_dim)")
@@ -247,13 +266,7 @@ def _validate(Q, K, cos, sin, position_ids) -> torch.Tensor | None:
     if cos.dim() != 2 or cos.shape[1] != head_dim or sin.shape != cos.shape:
         raise ValueError(f"cos and sin must both be (max_pos, head_dim={head_dim}), "
                          f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    position_ids = _positions_per_token(position_ids, batch, seq, cos.shape[0])
-    for name, t in (("Q", Q), ("K", K)):
-        _require_rotatable_in_place(name, t)
-    _checks.require_unaliased({"Q": Q, "K": K}, {name: t for name, t in tensors.items() if name not in ("Q", "K")})
-    if position_ids is not None:
-        require_positions_in_table(position_ids, cos.shape[0])  # last: the one check that reads data
-    return position_ids
+    return _positions_per_token(position_ids, batch, seq, cos.shape[0])
 
 
 # Views whose base autograd forbids writing in place (the write would be found only after the kernel ran).
@@ -319,7 +332,75 @@ def require_positions_in_table(position_ids: torch.Tensor, max_pos: int) -> None
         raise ValueError(f"position_ids span [{low}, {high}], outside the table's rows [0, {max_pos - 1}]")
 
 
-@torch.compiler.disable
+def _require_safe_memory(Q, K, cos, sin, position_ids, writes: bool) -> None:
+    """The checks that read memory, in the ops, on real tensors (kernels/_library.py, Note [What the
+    wrapper checks, and what the op checks]): Q and K, when written in place, own their elements and
+    share no memory with each other or the other arguments; then every position names a table row."""
+    if writes:
+        read = {"cos": cos, "sin": sin} | ({} if position_ids is None else {"position_ids": position_ids})
+        _checks.require_unaliased({"Q": Q, "K": K}, read)
+    if position_ids is not None:
+        require_positions_in_table(position_ids, cos.shape[0])  # last: the one check that reads data
+
+
+def _per_token(position_ids: torch.Tensor | None, Q: torch.Tensor) -> torch.Tensor | None:
+    """(batch, seq) positions; the ops also take the contract's (1, seq) row and broadcast it."""
+    return None if position_ids is None else position_ids.expand(Q.shape[0], Q.shape[2])
+
+
+# --- the custom ops (kernels/_library.py) --------------------------------------------------------
+
+
+@custom_op("rope", mutates_args=("Q", "K"))
+def _rope_op(Q: torch.Tensor, K: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             position_ids: Optional[torch.Tensor]) -> None:
+    """Rotates Q and K in place (the schema marks both mutated, which bumps their versions)."""
+    position_ids = _per_token(position_ids, Q)
+    _require_safe_memory(Q, K, cos, sin, position_ids, writes=True)
+    if Q.numel() > 0:
+        _launch(Q, Q, K, K, cos, sin, position_ids, backward=False)
+
+
+@_rope_op.register_fake
+def _(Q, K, cos, sin, position_ids):
+    return None
+
+
+@custom_op("rope_rotated")
+def _rope_rotated_op(Q: torch.Tensor, K: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     position_ids: Optional[torch.Tensor], backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q and K rotated into new tensors (``backward``: rotated back, sin negated): the functional
+    form torch.compile uses (Note [RoPE under torch.compile]); its own gradient is the same op with
+    ``backward`` flipped."""
+    position_ids = _per_token(position_ids, Q)
+    _require_safe_memory(Q, K, cos, sin, position_ids, writes=False)
+    Q_out, K_out = torch.empty_like(Q), torch.empty_like(K)
+    if Q.numel() > 0:
+        _launch(Q, Q_out, K, K_out, cos, sin, position_ids, backward=backward)
+    return Q_out, K_out
+
+
+@_rope_rotated_op.register_fake
+def _(Q, K, cos, sin, position_ids, backward):
+    return torch.empty_like(Q), torch.empty_like(K)
+
+
+def _rotated_setup_context(ctx, inputs, output):
+    _, _, cos, sin, position_ids, backward = inputs
+    ctx.save_for_backward(cos, sin, position_ids)
+    ctx.backward = backward
+
+
+def _rotated_backward(ctx, dQ, dK):
+    cos, sin, position_ids = ctx.saved_tensors
+    dQ_in, dK_in = _rope_rotated_op(dQ, dK, cos, sin, position_ids, not ctx.backward)
+    return dQ_in, dK_in, None, None, None, None
+
+
+_rope_rotated_op.register_autograd(_rotated_backward, setup_context=_rotated_setup_context)
+
+
+@calls(_rope_op)
 def rope(Q: torch.Tensor, K: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
          position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate Q and K by their tokens' positions, IN PLACE, as HF's apply_rotary_pos_emb.
@@ -332,14 +413,31 @@ def rope(Q: torch.Tensor, K: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
     Returns Q and K themselves, rotated. Q and K are overwritten (``CLOBBERS["rope"]``): a caller who
     still needs the originals passes copies; they must not share memory with each other or any other
-    argument, nor be expanded (ValueError). Differentiable in Q and K.
+    argument, nor be expanded (ValueError). Differentiable in Q and K. The op
+    ``kernel_oracle::rope`` (mutating Q and K); under torch.compile, ``rope_rotated`` and a copy
+    back (Note [RoPE under torch.compile]).
     """
     position_ids = _validate(Q, K, cos, sin, position_ids)
-    if Q.numel() > 0:
-        _launch(Q, Q, K, K, cos, sin, position_ids, backward=False)
+    if tracing():
+        return _rope_traced(Q, K, cos, sin, position_ids)
+    for name, t in (("Q", Q), ("K", K)):
+        _require_rotatable_in_place(name, t)
+    # No autograd for the op itself (an op that mutates may not have a formula); the node below
+    # records the rotation instead, so the op runs below autograd.
+    with torch.no_grad():
+        _rope_op(Q, K, cos, sin, position_ids)
     buffers, placements = _buffers(Q, K)
     RotatedInPlace.apply(placements, cos, sin, position_ids, *buffers)
     # Reading grad_fn re-derives a view's history from its base now: torch (2.11 to 2.13) crashes
     # when register_hook is the first to touch a view whose base was written in place.
     Q.grad_fn, K.grad_fn  # noqa: B018
+    return Q, K
+
+
+def _rope_traced(Q, K, cos, sin, position_ids):
+    """What torch.compile traces (Note [RoPE under torch.compile]): rotated copies, written back into
+    Q and K by copy_, which autograd and functionalization both understand."""
+    Q_rotated, K_rotated = _rope_rotated_op(Q, K, cos, sin, position_ids, False)
+    Q.copy_(Q_rotated)
+    K.copy_(K_rotated)
     return Q, K

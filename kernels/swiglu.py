@@ -14,7 +14,8 @@ Flat kernels over the elements with 64-bit offsets, launched by _elementwise (sh
 latter writes h, df and de INTO DW, e and g (``CLOBBERS``), saving three allocations in a
 hand-written MLP backward. ``swiglu(e, g)`` is the autograd op built on the same kernels; its
 backward writes fresh tensors, so neither a second backward nor another user of e, g or dh loses
-anything.
+anything. Each is a wrapper around a ``kernel_oracle`` custom op of the same name (kernels/_library.py),
+so torch.compile keeps it in its graph; ``swiglu``'s backward is the op ``swiglu_backward``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import triton.language as tl
 
 from . import _elementwise
 from ._elementwise import exp, flat_block
+from ._library import calls, custom_op
 from ._mlp_patch import GatedMLPPatch
 
 
@@ -76,27 +78,66 @@ def _swiglu_backward_kernel(
 SWIGLU = _elementwise.GatedKernels(_swiglu_forward_kernel, _swiglu_backward_kernel)
 
 
-@torch.compiler.disable
+# --- the custom ops (kernels/_library.py) and their wrappers ---------------------------------------
+
+
+@custom_op("swiglu")
+def _swiglu_op(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return _elementwise.forward(SWIGLU, e, g)
+
+
+@custom_op("swiglu_backward")
+def _swiglu_backward_op(dh: torch.Tensor, e: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _elementwise.backward(SWIGLU, dh, e, g)
+
+
+@custom_op("swiglu_fg_kernel")
+def _fg_op(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return _elementwise.forward(SWIGLU, e, g)
+
+
+@custom_op("swiglu_DWf_DW_dfg_kernel", mutates_args=("DW", "e", "g"))
+def _DWf_DW_dfg_op(DW: torch.Tensor, e: torch.Tensor, g: torch.Tensor) -> None:
+    _elementwise.raw_backward(SWIGLU, DW, e, g)
+
+
+_elementwise.register_autograd_op(_swiglu_op, _swiglu_backward_op)
+_elementwise.register_raw_ops(_fg_op, _DWf_DW_dfg_op)
+
+
+@calls(_fg_op)
 def swiglu_fg_kernel(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Raw forward: a new tensor h = silu(e) * g. e, g: same shape and dtype, contiguous."""
-    return _elementwise.raw_forward(SWIGLU, e, g)
+    """Raw forward: a new tensor h = silu(e) * g. e, g: same shape and dtype, contiguous.
+
+    Outside autograd: with grad mode on, e or g requiring grad is refused (RuntimeError), since h
+    would have no graph; call it under torch.no_grad(), or use ``swiglu``.
+    """
+    _elementwise.validate(True, e=e, g=g)
+    _elementwise.require_outside_autograd("swiglu_fg_kernel", "kernels.swiglu", e=e, g=g)
+    return _fg_op(e, g)
 
 
-@torch.compiler.disable
+@calls(_DWf_DW_dfg_op)
 def swiglu_DWf_DW_dfg_kernel(DW: torch.Tensor, e: torch.Tensor, g: torch.Tensor):
     """Raw backward of a LoRA MLP: writes h into DW, df into e and de into g; returns (DW, e, g).
 
     DW is the gradient reaching h. All three buffers are overwritten (``CLOBBERS``); their version
     counters are bumped, so autograd raises if anything had saved them for its own backward. They
-    must not share memory (ValueError): one element would receive two of the outputs.
+    must not share memory (ValueError): one element would receive two of the outputs. With grad
+    mode on, a leaf that requires grad (or a view of one) is refused, as torch's in-place ops refuse
+    it (RuntimeError).
     """
-    return _elementwise.raw_backward(SWIGLU, DW, e, g)
+    _elementwise.validate(True, DW=DW, e=e, g=g)
+    _elementwise.require_writable("swiglu_DWf_DW_dfg_kernel", DW=DW, e=e, g=g)
+    _DWf_DW_dfg_op(DW, e, g)
+    return DW, e, g
 
 
-@torch.compiler.disable
+@calls(_swiglu_op)
 def swiglu(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """h = silu(e) * g as HF's LlamaMLP computes it; differentiable in e and g; any layout."""
-    return _elementwise.autograd_op(SWIGLU, e, g)
+    _elementwise.validate(False, e=e, g=g)
+    return _elementwise.differentiable(_swiglu_op, SWIGLU, e, g)
 
 
 def _silu_options(act_fn: torch.nn.Module) -> dict | None:

@@ -13,6 +13,8 @@ and where:
                          hand back a silently wrong gradient.
 - ``deterministic``      forward and backward run twice on identical inputs give identical bits
                          (on a GPU, what atomics and races change between runs).
+- ``compile``            inside torch.compile(fullgraph=True), the same bits as in eager mode;
+                         a custom op's schema against CLOBBERS, and opcheck (oracle/compile_check.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from . import compile_check
 from .cases import Case
 from .compare import bit_identical
 from .engine import COVERAGE, INFLIGHT_HOOKS, Finding, changed_findings, guard_findings, place, prepare
@@ -43,7 +46,8 @@ def _verdict_findings(check: str, spec: OpSpec, got: dict, prepared, names) -> l
 
 def sum_loss(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
     """Backward of ``sum(op(x))``: every output's gradient is a stride-0 expanded ones tensor."""
-    prepared = prepare(spec, case, device, upstream_fn=lambda c, n, out: torch.ones_like(out))
+    prepared = prepare(spec, case, device, upstream_fn=lambda c, n, out: torch.ones_like(out),
+                       maths=impl.maths(spec.name))
     guards: list[GuardedTensor] = []
     args, leaves = place(spec, case, prepared.args, device, guards)
     with torch.enable_grad(), rehomed_allocations() as allocations:
@@ -63,7 +67,7 @@ def shared_input(spec: OpSpec, case: Case, impl: Implementation, device) -> list
     shared = [n for n in spec.differentiable if n not in impl.clobbers(spec.name)]
     if not shared:
         return []
-    prepared = prepare(spec, case, device)
+    prepared = prepare(spec, case, device, maths=impl.maths(spec.name))
     guards: list[GuardedTensor] = []
     args, leaves = place(spec, case, prepared.args, device, guards)
     findings = []
@@ -108,7 +112,7 @@ def retain_graph(spec: OpSpec, case: Case, impl: Implementation, device) -> list
 
 def fused_views(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
     """Layout arguments as views of one fused buffer, with a bystander block (V) beside them."""
-    prepared = prepare(spec, case, device)
+    prepared = prepare(spec, case, device, maths=impl.maths(spec.name))
     first = prepared.args[spec.layout_args[0]]
     shapes = {n: tuple(prepared.args[n].shape) for n in spec.layout_args} | {"bystander": tuple(first.shape)}
     home = GuardedTensor(spec.fusion.shape(shapes), first.dtype, device, label="fused buffer")
@@ -202,6 +206,7 @@ CHECKS: dict[str, tuple[Callable, Callable[[OpSpec], bool]]] = {
     "views": (fused_views, lambda spec: spec.fusion is not None and bool(spec.layout_args)),
     "version-counter": (version_counter, lambda spec: True),
     "deterministic": (deterministic, lambda spec: True),
+    "compile": (compile_check.check, lambda spec: True),
 }
 
 

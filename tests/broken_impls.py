@@ -845,3 +845,59 @@ def rms_norm_bf16_partials_past(past: int, tile: int):
 
 # Past 64k rows (the scale grid has 128k), tiles of 4096 rows: 32 partial sums rounded to bf16.
 rms_norm_bf16_partials_past_64k_rows = SimpleNamespace(rms_norm=rms_norm_bf16_partials_past(65536, 4096))
+
+
+# --- inside torch.compile (oracle/compile_check.py) -------------------------------------------------
+#
+# Each breaks only what torch.compile sees: in eager mode every one of them gives the kernels' bits.
+
+
+@torch.library.custom_op("oracle_tests::raw_backward_declaring_DW_only", mutates_args=("DW",))
+def _raw_backward_declaring_DW_only(DW: torch.Tensor, e: torch.Tensor, g: torch.Tensor) -> None:
+    """The raw SwiGLU backward as a custom op whose schema marks only DW mutated, while it writes df
+    and de into e and g too (a mutates_args that lists the first buffer and forgets the others)."""
+    h, df, de = kernels.swiglu_DWf_DW_dfg_kernel(DW.clone(), e.clone(), g.clone())  # the right values
+    DW.copy_(h)
+    e.copy_(df)
+    g.copy_(de)
+
+
+@_raw_backward_declaring_DW_only.register_fake
+def _(DW, e, g):
+    return None
+
+
+def _raw_backward_through_the_op(DW, e, g):
+    _raw_backward_declaring_DW_only(DW, e, g)
+    return DW, e, g
+
+
+_raw_backward_through_the_op.custom_op = _raw_backward_declaring_DW_only
+
+# CLOBBERS says what the kernel writes; the op's schema says less.
+schema_omits_a_mutation = SimpleNamespace(swiglu_DWf_DW_dfg_kernel=_raw_backward_through_the_op,
+                                          CLOBBERS={"swiglu_DWf_DW_dfg_kernel": {"DW", "e", "g"}}, COMPILES=True)
+
+
+def _rope_checking_positions_on_the_host(Q, K, cos, sin, position_ids=None):
+    """The kernels' RoPE behind a range check that reads the largest position to the host: right in
+    eager mode, a graph break under torch.compile (a data-dependent Python branch)."""
+    if position_ids is not None and int(position_ids.max()) >= cos.shape[0]:
+        raise ValueError("position_ids outside the table")
+    return kernels.rope(Q, K, cos, sin, position_ids)
+
+
+# Declares that rope compiles, yet its host read breaks the graph.
+graph_break_declaring_compiles = SimpleNamespace(rope=_rope_checking_positions_on_the_host,
+                                                 CLOBBERS={"rope": {"Q", "K"}}, COMPILES={"rope"})
+
+
+def _swiglu_with_a_compile_fallback(e, g):
+    """The kernels in eager mode; under torch.compile a "compile-friendly" torch formula that rounds
+    silu(e) * g once, where HF (and the kernel) round silu(e) first."""
+    if torch.compiler.is_compiling():
+        return (F.silu(e.float()) * g.float()).to(e.dtype)
+    return kernels.swiglu(e, g)
+
+
+compiled_differs_from_eager = SimpleNamespace(swiglu=_swiglu_with_a_compile_fallback, COMPILES={"swiglu"})

@@ -5,6 +5,7 @@ opt-in modes, determinism). The table of bad inputs runs in tests/test_bad_input
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 import pytest
 import torch
@@ -58,9 +59,9 @@ def test_matches_hf_on_a_spread_of_shapes(case, device):
 
 
 def test_public_api_is_the_contract():
-    """The package exports exactly the registry's ops and CLOBBERS; a raw kernel clobbers the buffers
-    its results land in, RoPE rotates Q and K in place, and nothing else overwrites an argument."""
-    assert kernels.__all__ == sorted(["CLOBBERS", *SPECS])
+    """The package exports exactly the registry's ops, CLOBBERS and COMPILES; a raw kernel clobbers the
+    buffers its results land in, RoPE rotates Q and K in place, and nothing else overwrites an argument."""
+    assert kernels.__all__ == sorted(["CLOBBERS", "COMPILES", *SPECS])
     assert set(kernels.CLOBBERS) == set(SPECS)
     for name, spec in SPECS.items():
         expected = {"Q", "K"} if name == "rope" else set(spec.buffers_hold_outputs.values())
@@ -72,8 +73,12 @@ def refuse_launches(monkeypatch) -> None:
     def refuse():
         raise AssertionError("a kernel was launched")
 
-    for name in ("kernels.rms_norm", "kernels.rope", "kernels._elementwise"):  # the modules, not the ops they export
-        monkeypatch.setattr(importlib.import_module(name), "launching", refuse)
+    # every kernel module that launches (each imports _runtime.launching), so a new one is refused too
+    modules = [importlib.import_module(f"kernels.{info.name}") for info in pkgutil.iter_modules(kernels.__path__)]
+    launchers = [module for module in modules if hasattr(module, "launching") and module is not _runtime]
+    assert launchers, "no kernel module launches through _runtime.launching"
+    for module in launchers:
+        monkeypatch.setattr(module, "launching", refuse)
 
 
 @pytest.fixture
@@ -154,6 +159,53 @@ def test_raw_backward_writes_its_buffers_and_bumps_their_versions(raw_backward, 
     out = raw_backward(DW, e, g)
     assert all(a is b for a, b in zip(out, (DW, e, g)))
     assert all(t._version > v for t, v in zip((DW, e, g), versions))
+
+
+@pytest.mark.parametrize("raw_backward", RAW_BACKWARDS, ids=lambda f: f.__name__)
+def test_raw_backward_treats_tensors_that_require_grad_as_torchs_in_place_ops_do(raw_backward, device):
+    """With grad mode on, a leaf that requires grad is refused with torch's own error class and words
+    (before anything is written); under no_grad it is written, as torch's in-place ops allow; a
+    non-leaf is written and its version bumped, so autograd raises if anything saved it."""
+    gen = torch.Generator().manual_seed(5)
+    DW, e, g = (torch.randn(4, 9, generator=gen).to(device) for _ in range(3))
+    leaf = torch.randn(4, 9, generator=gen).to(device).requires_grad_()
+    before = leaf.detach().clone()
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad is being used in an in-place operation"):
+        leaf.mul_(2.0)  # torch's own refusal, for comparison
+    with pytest.raises(RuntimeError, match="but e is a leaf Variable that requires grad .*a leaf Variable that "
+                                           "requires grad is being used in an in-place operation"):
+        raw_backward(DW.clone(), leaf, g.clone())
+    assert torch.equal(leaf.detach(), before)
+    with torch.no_grad():
+        out = raw_backward(DW.clone(), leaf, g.clone())
+    assert out[1] is leaf and not torch.equal(leaf.detach(), before)
+    non_leaf = before.clone().requires_grad_() * 1.0
+    saved = (non_leaf * torch.ones_like(non_leaf, requires_grad=True)).sum()  # saves non_leaf
+    raw_backward(DW.clone(), non_leaf, g.clone())
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.backward()
+
+
+# every raw kernel that returns a new tensor outside autograd
+RAW_FORWARDS = [getattr(kernels, name) for name, spec in SPECS.items()
+                if not spec.differentiable and not spec.buffers_hold_outputs]
+
+
+@pytest.mark.parametrize("raw_forward", RAW_FORWARDS, ids=lambda f: f.__name__)
+def test_raw_forward_refuses_inputs_that_require_grad_while_grad_mode_is_on(raw_forward, device):
+    """Its result has no graph: with grad mode on, e requiring grad would silently get no gradient,
+    so it is refused (RuntimeError, as torch refuses what it cannot differentiate); under no_grad, or
+    on detached inputs, the same bits as ever, outside autograd."""
+    gen = torch.Generator().manual_seed(6)
+    e, g = (torch.randn(3, 50, generator=gen).to(device) for _ in range(2))
+    expected = raw_forward(e, g)
+    e.requires_grad_()
+    with pytest.raises(RuntimeError, match="raw kernel outside autograd, and e requires grad"):
+        raw_forward(e, g)
+    with torch.no_grad():
+        h = raw_forward(e, g)
+    assert not h.requires_grad and torch.equal(h, expected)
+    assert torch.equal(raw_forward(e.detach(), g), expected)
 
 
 @pytest.mark.gpu

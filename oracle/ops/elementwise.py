@@ -207,7 +207,23 @@ def elementwise_errors(names: tuple[str, ...], raw: bool) -> Callable[[], list[E
                 ErrorInput.same_as_hf("e and g requiring grad",
                                       lambda d: {n: t.requires_grad_() for n, t in args(d).items()}),
             ]
+        if raw and not writes_inputs:
+            # A raw forward's result has no graph: with grad mode on, refused rather than silently
+            # giving e and g no gradient (docs/design.md §2).
+            out.append(ErrorInput("e requiring grad, grad mode on",
+                                  lambda d: (lambda a: a | {"e": a["e"].requires_grad_()})(args(d)), RuntimeError,
+                                  "raw kernel outside autograd"))
         if writes_inputs:
+            # torch's in-place ops refuse to overwrite a leaf that requires grad (or a view of one),
+            # with a RuntimeError; a raw backward writes its buffers in place and does the same.
+            out += [
+                ErrorInput("DW a leaf requiring grad, grad mode on",
+                           lambda d: (lambda a: a | {"DW": a["DW"].requires_grad_()})(args(d)), RuntimeError,
+                           "DW is a leaf Variable that requires grad"),
+                ErrorInput("g a view of a leaf requiring grad, grad mode on",
+                           lambda d: args(d, g=torch.randn(6, 4, device=d, requires_grad=True)[:3]), RuntimeError,
+                           "g is a view of a leaf Variable that requires grad"),
+            ]
             out += [
                 ErrorInput("DW is e", same_tensor("DW", "e"), ValueError, "DW and e share memory"),
                 ErrorInput("DW is g", same_tensor("DW", "g"), ValueError, "DW and g share memory"),
