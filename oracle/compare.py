@@ -142,6 +142,11 @@ class TensorVerdict:
     mean_bound: float | None = None
     over_1ulp: float | None = None  # share of elements more than one ULP of their truth off, k
     hf_over_1ulp: float | None = None  # the same for h
+    # Which maths the noise model granted (oracle/noise/rounding.py, Note [Fast maths]): "fast" (the
+    # default: Triton's exp, division, sqrt) or "exact" (an implementation's EXACT_MATHS); and whether
+    # this tensor passed only thanks to the fast maths' room.
+    maths: str = "exact"
+    needed_fast_maths: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shlex
@@ -93,6 +94,10 @@ class CaseResult:
     def explain(self) -> str:
         """A failure report a person can act on: the case, metrics per tensor, findings, the repro."""
         lines = [f"{self.status.upper()}: {self.case.summary()}  [impl {self.impl}]"]
+        maths = {v.maths for v in self.verdicts}
+        if maths:
+            lines.append("  maths: " + ("exact (the implementation declares EXACT_MATHS)" if maths == {"exact"} else
+                                        "fast (Triton's tl.exp granted; oracle/noise/rounding.py, Note [Fast maths])"))
         if self.scope:
             lines.append(f"  {self.scope}")
         for v in self.verdicts:
@@ -102,6 +107,7 @@ class CaseResult:
                 f"bit-identical={v.bit_identical:.1%} ulp(max/p99)={v.ulp_max:.0f}/{v.ulp_p99:.0f}"
                 + (f" element={v.element_max:.2g}/{v.element_bound:g} typical={v.mean_error:.2g}/{v.mean_bound:.2g}"
                    if v.element_max is not None else "")
+                + (" [passed in the room of fast maths: exp as Triton's tl.exp]" if v.needed_fast_maths else "")
                 + ("" if v.passed else f"\n       {v.reason}; worst {v.worst}"))
         lines += ["  " + f.describe() for f in self.findings]
         if self.error:
@@ -169,22 +175,32 @@ class Prepared:
     compared_part: Callable[[str, torch.Tensor], torch.Tensor] = _whole  # (name, implementation's tensor) -> judged part
     scope: str = ""  # what was judged, where not the whole case
     noise_model: str = "declared"  # which model judged it: the spec's own, or derived (noise_rule)
+    maths: str = "fast"  # the maths granted (Note [Fast maths]); fast: element_noise includes its room
+    exact_noise: dict | None = None  # with fast maths: the noise without that room
 
     def judge(self, name: str, got: torch.Tensor) -> TensorVerdict:
-        """The verdict on one compared tensor of an implementation (compare.judge)."""
-        return judge(name, self.compared_part(name, got), self.hf.tensors()[name], self.truth.tensors()[name],
-                     self.reordered.tensors().get(name), self.sum_noise.get(name, 0.0), self.element_noise[name],
-                     self.order_noise.get(name), hf_room=self.noise_model == "derived")
+        """The verdict on one compared tensor of an implementation (compare.judge); with fast maths,
+        whether it needed that room to pass."""
+        def verdict(noise_of):
+            return judge(name, self.compared_part(name, got), self.hf.tensors()[name], self.truth.tensors()[name],
+                         self.reordered.tensors().get(name), self.sum_noise.get(name, 0.0), noise_of[name],
+                         self.order_noise.get(name), hf_room=self.noise_model == "derived")
+
+        granted = verdict(self.element_noise)
+        needed = self.maths == "fast" and granted.passed and self.exact_noise is not None and \
+            not verdict(self.exact_noise).passed
+        return dataclasses.replace(granted, maths=self.maths, needed_fast_maths=needed)
 
 
-def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient) -> Prepared:
+def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient, maths: str = "fast") -> Prepared:
+    """``maths``: the rule the noise model grants (an implementation's ``maths(op)``, Note [Fast maths])."""
     args = spec.make_args(case, device)
     if scale.judged_on_a_slice(spec, case):
-        return _prepare_on_a_slice(spec, case, args, upstream_fn)
+        return _prepare_on_a_slice(spec, case, args, upstream_fn, maths)
     # HF's forward gives the outputs' shapes and dtypes, from which the upstream gradients are drawn.
     forward = evaluate(spec, spec.reference, args, None)
     upstream = {name: upstream_fn(case, name, out) for name, out in forward.outputs.items()} if spec.differentiable else {}
-    return _references(spec, case, args, upstream)
+    return _references(spec, case, args, upstream, maths)
 
 
 NOISE_MODELS = ("declared", "derived")
@@ -204,26 +220,45 @@ def uses_derived_noise(spec: OpSpec) -> bool:
     return not spec.noise or noise_rule() == "derived"
 
 
-def noise_models(spec: OpSpec, case: Case, args: dict, upstream: dict) -> tuple[dict, dict, str, noise.DerivedModel | None]:
-    """Per compared tensor, the element noise and order noise that judge this case, which model
-    they come from, and the derived model when one was derived (it also holds the exact truth)."""
+@dataclass
+class NoiseModels:
+    """What judges a case: per compared tensor the element and order noise, which model they come
+    from, the maths granted, the noise without fast maths' room (None under exact maths), and the
+    derived model when one was derived (it also holds the exact truth)."""
+
+    element: dict
+    order: dict
+    model: str
+    maths: str
+    exact: dict | None
+    derived: noise.DerivedModel | None
+
+
+def noise_models(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str = "fast") -> NoiseModels:
     derived = None
-    if uses_derived_noise(spec) or not spec.takes_compute:
+    if uses_derived_noise(spec) or not spec.takes_compute or maths == "fast":
         derived = noise.derive(spec, args, upstream, _compute(case))
     if uses_derived_noise(spec):
-        return derived.noise, derived.order, "derived", derived
-    element_noise = {name: model(args, upstream) for name, model in spec.noise.items()}
+        if maths == "exact":
+            return NoiseModels(derived.noise, derived.order, "derived", maths, None, derived)
+        return NoiseModels(derived.fast_noise, derived.order, "derived", maths, derived.noise, derived)
+    hand = {name: model(args, upstream) for name, model in spec.noise.items()}
     order_noise = {name: model(args, upstream) for name, model in spec.order_noise.items()}
-    return element_noise, order_noise, "declared", derived
+    if maths == "exact":
+        return NoiseModels(hand, order_noise, "declared", maths, None, derived)
+    # fast maths' room, derived where the reference calls exp or divides, on top of the hand-written model
+    granted = {name: hand[name] + derived.fast_extra[name] for name in hand}
+    return NoiseModels(granted, order_noise, "declared", maths, hand, derived)
 
 
 def _compute(case: Case) -> torch.dtype:
     return torch.float64 if case.dtype == "float64" else torch.float32
 
 
-def _references(spec: OpSpec, case: Case, args: dict, upstream: dict) -> Prepared:
+def _references(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str = "fast") -> Prepared:
     hf = evaluate(spec, spec.reference, args, upstream)
-    element_noise, order_noise, model, derived = noise_models(spec, case, args, upstream)
+    models = noise_models(spec, case, args, upstream, maths)
+    derived = models.derived
     if spec.takes_compute:
         truth = evaluate(spec, spec.reference, {k: R.upcast(v) for k, v in args.items()},
                          {k: R.upcast(v) for k, v in upstream.items()}, compute=torch.float64)
@@ -235,7 +270,8 @@ def _references(spec: OpSpec, case: Case, args: dict, upstream: dict) -> Prepare
         reordered = _split(spec, noise.reordered(spec, args, upstream, _compute(case)))
     sum_noise = {name: summation_noise(*terms(args, upstream), _accumulator(case))
                  for name, terms in spec.summed.items()}
-    return Prepared(args, upstream, hf, truth, reordered, sum_noise, element_noise, order_noise, noise_model=model)
+    return Prepared(args, upstream, hf, truth, reordered, sum_noise, models.element, models.order,
+                    noise_model=models.model, maths=models.maths, exact_noise=models.exact)
 
 
 def _split(spec: OpSpec, tensors: dict[str, torch.Tensor]) -> Evaluation:
@@ -247,7 +283,7 @@ def _accumulator(case: Case) -> torch.dtype:
     return torch.float64 if case.dtype == "float64" else torch.float32
 
 
-def _prepare_on_a_slice(spec: OpSpec, case: Case, args: dict, upstream_fn) -> Prepared:
+def _prepare_on_a_slice(spec: OpSpec, case: Case, args: dict, upstream_fn, maths: str = "fast") -> Prepared:
     """A case at scale (oracle/scale.py, Note [Judging a case at scale]): the references of a slice of
     its programs, and of the gradients summed over all of them; the implementation gets it whole."""
     programs = spec.programs
@@ -259,7 +295,7 @@ def _prepare_on_a_slice(spec: OpSpec, case: Case, args: dict, upstream_fn) -> Pr
     count, largest = programs.size(case)
     index = scale.compared_programs(count, largest // count, case.seed)
     prepared = _references(spec, case, programs.args(args, index),
-                           {name: programs.tensor(t, index) for name, t in upstream.items()})
+                           {name: programs.tensor(t, index) for name, t in upstream.items()}, maths)
     for name in programs.summed:
         _summed_over_every_program(spec, case, prepared, name, args, upstream)
     prepared.args, prepared.upstream = args, upstream
@@ -298,10 +334,17 @@ def _summed_over_every_program(spec: OpSpec, case: Case, prepared: Prepared, nam
     else:
         prepared.reordered.grads[name] = noise.reordered_summed(spec, name, parts(), _compute(case))
     if uses_derived_noise(spec):
-        prepared.element_noise[name] = derived.noise[name]
+        granted = derived.fast_noise if prepared.maths == "fast" else derived.noise
+        prepared.element_noise[name] = granted[name]
         prepared.order_noise[name] = derived.order[name]
+        if prepared.exact_noise is not None:
+            prepared.exact_noise[name] = derived.noise[name]
     else:
+        # A hand-written model of a sum over every program gets no fast maths' room: deriving it
+        # would take a shadow run over the whole case, and such sums (RMSNorm's dW) call no exp.
         prepared.element_noise[name] = spec.noise[name](args, upstream)
+        if prepared.exact_noise is not None:
+            prepared.exact_noise[name] = prepared.element_noise[name]
         if name in spec.order_noise:
             prepared.order_noise[name] = spec.order_noise[name](args, upstream)
     if name in spec.summed:
@@ -482,7 +525,7 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
     try:
         # a case at scale waits for its GPU before its time starts (oracle/scale.py)
         with scale.one_at_a_time(spec, case, device), time_limit(case.summary()):
-            prepared = prepare(spec, case, device)
+            prepared = prepare(spec, case, device, maths=impl.maths(spec.name))
             run = run_impl(spec, case, impl, prepared, device)
             result.verdicts, unwritten = judge_all(spec, prepared, run)
             result.findings = run.findings + unwritten

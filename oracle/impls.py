@@ -9,6 +9,8 @@ the registry, named as in ``kernels/__init__.py``) and optionally:
   misspelt name (``rmsnorm``) or a wrong import can never pass as "skipped". Declared ones are
   skipped and listed at the end of the run;
 - ``NO_FLOAT64``: ops that have no float64 path. Only these skip the float64 checks (gradcheck).
+- ``EXACT_MATHS``: True (or a set of ops): the implementation evaluates exp, division and square
+  roots as exactly as CUDA's library does, and is judged without the room fast GPU maths has.
 
 Built in:
 - ``kernels``: this project's Triton kernels (the repository's default, ``oracle_impl`` in its
@@ -83,6 +85,14 @@ class Implementation:
 
     def declared_lacking(self) -> dict[str, str]:
         return dict(getattr(self.target, "LACKING", {}))
+
+    def maths(self, op: str) -> str:
+        """Which maths the verdict grants the op (Note [Fast maths] in oracle/noise/rounding.py):
+        "exact" where the implementation declares EXACT_MATHS (True, or a set of ops), else "fast"."""
+        declared = getattr(self.target, "EXACT_MATHS", False)
+        if isinstance(declared, bool):
+            return "exact" if declared else "fast"
+        return "exact" if op in set(declared) else "fast"
 
     def takes_float64(self, op: str) -> bool:
         return op not in set(getattr(self.target, "NO_FLOAT64", ()))

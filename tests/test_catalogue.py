@@ -15,13 +15,13 @@ from oracle.suite.test_contract import _differential_test
 from tests.broken_impls import CATALOGUE, Bug
 
 
-def _run_suite_test(bug: Bug, dtype: str, device) -> str | None:
+def _run_suite_test(bug: Bug, dtype: str, device, module: str = "tests.broken_impls") -> str | None:
     """The generic differential test of bug.op in ``dtype`` against the bug: its failure report, or None."""
     test = _differential_test(SPECS[bug.op], dtype)
     # Shrinking only shortens the report; the catch is what is measured here.
     test = settings(settings(), phases=[Phase.explicit, Phase.reuse, Phase.generate])(test)
     try:
-        test(impl=load(f"tests.broken_impls:{bug.name}"), device=device, asked_ops=[bug.op])
+        test(impl=load(f"{module}:{bug.name}"), device=device, asked_ops=[bug.op])
     except Exception as exc:  # noqa: BLE001 - an AssertionError, or a group of them from hypothesis
         return str(exc)
     return None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from oracle.ops import SPECS
 from oracle.report import shards, sweep
 from tests.conftest import ROOT
 
@@ -51,7 +52,7 @@ def _comparable(cell: dict) -> tuple:
 
 
 def test_every_task_is_in_exactly_one_shard():
-    tasks = sweep.plan(False, ["rms_norm", "rope"], ["float32"], None)
+    tasks = sweep.plan(False, list(SPECS)[:2], ["float32"], None)
     parts = [shards.select(tasks, k, 4) for k in (1, 2, 3, 4)]
     assert sorted(t.id for part in parts for t in part) == [t.id for t in tasks]
     assert all(parts), "a shard of this plan is empty"

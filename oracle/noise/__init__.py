@@ -42,10 +42,22 @@ class DerivedModel:
     variance: dict[str, torch.Tensor]  # of each tensor's error, its own last rounding left out
     order_variance: dict[str, torch.Tensor]  # the part of it from sums' accumulation
     generic: dict[str, int]
+    fast_variance: dict[str, torch.Tensor] = None  # what fast GPU maths adds (rounding.py, Note [Fast maths])
 
     @property
     def noise(self) -> dict[str, torch.Tensor]:
+        """Exact maths: held to the library's accuracy."""
         return {name: NOISE_SDS * v.clamp(min=0).sqrt() for name, v in self.variance.items()}
+
+    @property
+    def fast_noise(self) -> dict[str, torch.Tensor]:
+        """Fast maths granted (the default rule)."""
+        return {name: NOISE_SDS * (v + self.fast_variance[name]).clamp(min=0).sqrt() for name, v in self.variance.items()}
+
+    @property
+    def fast_extra(self) -> dict[str, torch.Tensor]:
+        """What fast maths adds to a hand-written model: NOISE_SDS standard deviations of it alone."""
+        return {name: NOISE_SDS * v.clamp(min=0).sqrt() for name, v in self.fast_variance.items()}
 
     @property
     def order(self) -> dict[str, torch.Tensor]:
@@ -78,7 +90,8 @@ def derive(spec, args: dict, upstream: dict, compute: torch.dtype | None = None)
     tensors, generic = shadow_run(spec, spec.reference, args, upstream, "variance", compute)
     return DerivedModel({name: t.value.detach() for name, t in tensors.items()},
                         {name: t.var - t.own for name, t in tensors.items()},
-                        {name: t.order for name, t in tensors.items()}, generic)
+                        {name: t.order for name, t in tensors.items()}, generic,
+                        {name: t.fast for name, t in tensors.items()})
 
 
 def coherence(samples: list[torch.Tensor], truth: torch.Tensor, variance: torch.Tensor) -> float:
@@ -106,17 +119,18 @@ def derive_summed(spec, name: str, parts, compute: torch.dtype | None = None) ->
     """The derived model of a tensor summed over independent parts of a case (RMSNorm's dW over
     chunks of rows at scale): each part derived on its own, their variances added, and the
     accumulation of the parts' sums (Note [Accumulation]) on top. ``parts``: (args, upstream) pairs."""
-    truth = variance = order = squares = None
+    truth = variance = order = fast = squares = None
     count, generic = 0, {}
     for args, upstream in parts:
         part = derive(spec, args, upstream, compute)
-        t, v, o = part.truth[name], part.variance[name], part.order_variance[name]
-        truth, variance, order = (t, v, o) if truth is None else (truth + t, variance + v, order + o)
+        t, v, o, f = part.truth[name], part.variance[name], part.order_variance[name], part.fast_variance[name]
+        truth, variance, order, fast = (t, v, o, f) if truth is None else \
+            (truth + t, variance + v, order + o, fast + f)
         squares = t * t if squares is None else squares + t * t
         count += 1
         generic = {**generic, **part.generic}
     acc = rounding.accumulation_variance(truth, squares, count, _nominal_dtype(spec, name, args))
-    return DerivedModel({name: truth}, {name: variance + acc}, {name: order + acc}, generic)
+    return DerivedModel({name: truth}, {name: variance + acc}, {name: order + acc}, generic, {name: fast})
 
 
 def _nominal_dtype(spec, name: str, args: dict) -> torch.dtype:

@@ -46,18 +46,20 @@ PARTIAL_SUM_VARIANCE = (1 - 1 / 4) / math.log(4) * 4 * NEAREST_VARIANCE * STEP_R
 
 
 # Note [Elementary functions]
-#     +, -, *, / and sqrt round correctly (IEEE 754): error within half a spacing, NEAREST_VARIANCE.
+#     +, - and * round correctly (IEEE 754): error within half a spacing, NEAREST_VARIANCE.
 #     Elementary functions do not: the libraries kernels use are accurate to a few ulps. The model
 #     grants each the maximum error of CUDA's single-precision library (the CUDA C Programming Guide's
 #     table of maximum ulp errors; torch's CPU kernels are within it: tests/test_noise.py measures
 #     them), as an error spread evenly over that many spacings either side: variance (b ulp)^2 / 3.
+#     Division and square roots are granted what Triton compiles them to, float32 division to
+#     div.full (2 ulps) and tl.sqrt to sqrt.approx (1 ulp): every Triton kernel divides that way.
 #     erf and tanh, bounded by 1, are also granted an absolute error: torch's own CPU GeLU kernels
 #     evaluate 1 + erf(x / sqrt 2) to 12 u and 1 + tanh(...) to 4.3 u (u = unit roundoff, measured
 #     on every CPU capability), whatever the size of erf or tanh itself.
 #     sigmoid is decomposed as 1 / (1 + exp(-x)), as kernels evaluate it, so it inherits exp's error.
 FUNCTION_ULPS = {
     "exp": 2, "exp2": 2, "expm1": 1, "log": 1, "log2": 1, "log1p": 1, "sin": 2, "cos": 2, "tanh": 2,
-    "erf": 2, "rsqrt": 2, "pow": 4,
+    "erf": 2, "rsqrt": 2, "pow": 4, "div": 2, "reciprocal": 2, "sqrt": 1,
 }
 FUNCTION_ABSOLUTE_U = {"erf": 12, "tanh": 4.5}  # absolute error, in units of the compute dtype's u
 
@@ -69,6 +71,24 @@ def function_variance(value: torch.Tensor, dtype: torch.dtype, ulps: float, abso
         return torch.zeros_like(value)
     error = torch.maximum(ulps * spacing(value, dtype), torch.full_like(value, absolute_u * unit_roundoff(dtype)))
     return torch.where(torch.isfinite(value), error, 0.0).square() / 3
+
+
+# Note [Fast maths]
+#     Triton's own tl.exp(x) is faster and less exact than CUDA's library: it is the hardware's
+#     exp2 of x * log2(e), that product first rounded to float32, so exp carries the rounding of an
+#     intermediate as large as |x| (at x = -80, about 45 ulps of the result); tl.sigmoid, as
+#     1 / (1 + exp(-x)), inherits it. That is standard practice (Liger's and Unsloth's kernels
+#     compute so), not a bug: by default the verdict grants it (the ``fast`` variance a shadow
+#     carries), and an implementation that declares EXACT_MATHS (it calls libdevice's expf) is held
+#     to the library's accuracy alone.
+FAST_ULPS: dict[str, float] = {}  # functions whose fast form is a few ulps coarser (none beyond exp so far)
+
+
+def fast_exp_variance(y: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Note [Fast maths]: exp(x) as exp2(fl(x log2 e)): the product's rounding to nearest in
+    ``dtype``, through d exp2(t) / dt = y ln 2."""
+    t = x * (1 / math.log(2))
+    return torch.where(torch.isfinite(y), (y * math.log(2) * spacing(t, dtype)).square() * NEAREST_VARIANCE, 0.0)
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

@@ -116,54 +116,86 @@ def _bound(call, kind: str) -> dict:
 # --- propagation (variance mode) ---------------------------------------------------------------
 
 
-def propagate(call, outs: list, dtypes: list, floating: list, state) -> list[tuple]:
-    """(var, order, own) per output leaf (None for non-floating ones): Note [Propagation rules]."""
+# The variances a shadow carries: of the whole error, of the part that sums' accumulation order
+# contributes, and of the part only fast GPU maths entitles (Note [Elementary functions]).
+KINDS = ("var", "order", "fast")
+ACCUMULATING = ("var", "order")  # the kinds a sum's accumulation adds to
+
+
+def propagate(call, outs: list, dtypes: list, floating: list, state) -> list[dict | None]:
+    """Per output leaf, its variances by kind and ``own`` (None for non-floating ones): Note
+    [Propagation rules]."""
     func = call.func
     if is_view(func):
         return _views(call, outs, floating)
     exact = _EXACT.get(func)
     if exact is not None and exact.applies(call):
-        var, order = exact(call, outs, dtypes)
+        propagated = exact(call, outs, dtypes)
     else:
-        var, order = finite_difference(call, outs, floating)
+        propagated = finite_difference(call, outs, floating)
         if func not in MOVES_DATA and func not in CASTS and torch.Tag.pointwise not in getattr(func, "tags", ()):
             state.generic[str(func)] += 1
     result = []
     for j, (o, d, is_float) in enumerate(zip(outs, dtypes, floating)):
         if not is_float:
-            result.append((None, None, None))
+            result.append(None)
             continue
-        own = _own_rounding(call, o, d)
-        result.append((var[j] + own, order[j], own))
+        own, fast = _own_rounding(call, o, d)
+        result.append({"var": propagated["var"][j] + own, "order": propagated["order"][j],
+                       "fast": propagated["fast"][j] + fast, "own": own})
     return result
 
 
-def _views(call, outs, floating) -> list[tuple]:
-    out = []
+def _views(call, outs, floating) -> list[dict | None]:
     per_kind = {}
-    for kind in ("var", "order", "own"):
+    for kind in (*KINDS, "own"):
         args, kwargs = _as(call, kind)
         per_kind[kind] = tree_flatten(call.func(*args, **kwargs))[0]
-    for j, is_float in enumerate(floating):
-        out.append(tuple(per_kind[k][j] for k in ("var", "order", "own")) if is_float else (None, None, None))
-    return out
+    return [{k: per_kind[k][j] for k in per_kind} if is_float else None for j, is_float in enumerate(floating)]
 
 
-def _own_rounding(call, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _own_rounding(call, value: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The variance of the op's own rounding, and the more that fast GPU maths entitles it to."""
     func = call.func
+    none = torch.zeros_like(value)
     if func in MOVES_DATA:
-        return torch.zeros_like(value)
+        return none, none
     if func in CASTS:
         source = _cast_source(call)
         if source is None or torch.finfo(dtype).eps <= torch.finfo(source).eps:
-            return torch.zeros_like(value)
+            return none, none
     ulps = _function_ulps(call)
+    fast = _fast_maths(call, value, dtype)
     if ulps is not None and dtype != torch.float64:
         # computed in the opmath dtype, then (16-bit outputs) rounded to the nominal dtype
         name = call.func.__name__.split(".")[0]
         computed = R.function_variance(value, R.accumulator(dtype), ulps, R.FUNCTION_ABSOLUTE_U.get(name, 0.0))
-        return computed + (R.rounding_variance(value, dtype) if R.accumulator(dtype) != dtype else 0)
-    return R.rounding_variance(value, dtype)
+        return computed + (R.rounding_variance(value, dtype) if R.accumulator(dtype) != dtype else 0), fast
+    return R.rounding_variance(value, dtype), fast
+
+
+def _fast_maths(call, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Note [Fast maths]: what evaluating the op the way Triton's own functions do on a GPU adds."""
+    acc = R.accumulator(dtype)
+    if acc == torch.float64:
+        return torch.zeros_like(value)
+    name = call.func.__name__.split(".")[0]
+    if name == "exp":  # exp2 of x log2(e), that product rounded to the compute dtype
+        x = _bound(call, "value")["self"]
+        return R.fast_exp_variance(value, x, acc)
+    if name in R.FAST_ULPS:
+        return R.function_variance(value, acc, R.FAST_ULPS[name]) - R.rounding_variance(value, acc)
+    return torch.zeros_like(value)
+
+
+def _cast_source(call) -> torch.dtype | None:
+    """The nominal dtype a cast reads (``copy_`` reads ``src``, the others their first argument)."""
+    args, kwargs = tree_unflatten(call.leaves, call.spec)
+    bound = bind(call.func, args, kwargs) if hasattr(call.func, "_schema") else {}
+    source = bound.get("src", args[0] if args else None)
+    if isinstance(source, torch.Tensor) and source.is_floating_point():
+        return source.dtype
+    return None
 
 
 def _function_ulps(call) -> float | None:
@@ -175,16 +207,6 @@ def _function_ulps(call) -> float | None:
         if exponent in (2, 0.5, 1):
             return None
     return R.FUNCTION_ULPS.get(name)
-
-
-def _cast_source(call) -> torch.dtype | None:
-    """The nominal dtype a cast reads (``copy_`` reads ``src``, the others their first argument)."""
-    args, kwargs = tree_unflatten(call.leaves, call.spec)
-    bound = bind(call.func, args, kwargs) if hasattr(call.func, "_schema") else {}
-    source = bound.get("src", args[0] if args else None)
-    if isinstance(source, torch.Tensor) and source.is_floating_point():
-        return source.dtype
-    return None
 
 
 def _groups(call, kind: str) -> list[tuple[list[int], torch.Tensor]]:
@@ -203,11 +225,11 @@ def _groups(call, kind: str) -> list[tuple[list[int], torch.Tensor]]:
     return groups
 
 
-def finite_difference(call, outs: list, floating: list) -> tuple[list, list]:
+def finite_difference(call, outs: list, floating: list) -> dict[str, list]:
     """Each input moved by one standard deviation of its error, up and down; the mean square change
     of each output (Note [Propagation rules])."""
     result = {}
-    for kind in ("var", "order"):
+    for kind in KINDS:
         acc = [torch.zeros_like(o) if f else None for o, f in zip(outs, floating)]
         for indices, variance in _groups(call, kind):
             step = variance.sqrt()
@@ -221,7 +243,7 @@ def finite_difference(call, outs: list, floating: list) -> tuple[list, list]:
                 if is_float:
                     acc[j] = acc[j] + _spread(outs[j], moved[0][j], moved[1][j])
         result[kind] = acc
-    return result["var"], result["order"]
+    return result
 
 
 def _spread(out: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -236,123 +258,116 @@ def _spread(out: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Te
 
 
 class _Rule:
-    def __init__(self, fn, applies=lambda call: True):
-        self.fn, self.applies = fn, applies
+    """A rule per kind of variance, ``fn(call, outs, dtypes, kind) -> [variance per output]``, plus
+    ``accumulation(call, outs, dtypes) -> [variance]`` (the sums' own), added to var and order."""
 
-    def __call__(self, call, outs, dtypes):
-        return self.fn(call, outs, dtypes)
+    def __init__(self, fn, accumulation, applies=lambda call: True):
+        self.fn, self.accumulation, self.applies = fn, accumulation, applies
+
+    def __call__(self, call, outs, dtypes) -> dict[str, list]:
+        acc = self.accumulation(call, outs, dtypes)
+        return {kind: [v + (a if kind in ACCUMULATING else 0) for v, a in zip(self.fn(call, outs, dtypes, kind), acc)]
+                for kind in KINDS}
 
 
 def _terms(x: torch.Tensor, out: torch.Tensor) -> float:
     return x.numel() / max(1, out.numel())
 
 
-def _sum_rule(call, outs, dtypes):
-    """sum: the variances summed; its accumulation from the sum and the sum of squares."""
+def _linear_in_self(call, outs, dtypes, kind):
+    """sum, cumsum: the op applied to the variances (unit coefficients)."""
+    (v, *rest), kwargs = _as(call, kind)
+    return [call.func(v, *rest, **kwargs)]
+
+
+def _sum_accumulation(call, outs, dtypes):
     (x, *rest), kwargs = _as(call, "value")
-    (vx, *_), _ = _as(call, "var")
-    (ox, *_), _ = _as(call, "order")
     total = outs[0]
-    squares = call.func(x * x, *rest, **kwargs)
-    acc = R.accumulation_variance(total, squares, _terms(x, total), dtypes[0])
-    return [call.func(vx, *rest, **kwargs) + acc], [call.func(ox, *rest, **kwargs) + acc]
+    return [R.accumulation_variance(total, call.func(x * x, *rest, **kwargs), _terms(x, total), dtypes[0])]
 
 
-def _mean_rule(call, outs, dtypes):
-    """mean = sum / n: the sum's variance and accumulation over n^2."""
+def _mean_variances(call, outs, dtypes, kind):
+    """mean = sum / n: the variances' mean over n."""
+    (x, *_), _ = _as(call, "value")
+    (v, *rest), kwargs = _as(call, kind)
+    return [call.func(v, *rest, **kwargs) / _terms(x, outs[0])]
+
+
+def _mean_accumulation(call, outs, dtypes):
     (x, *rest), kwargs = _as(call, "value")
-    (vx, *_), _ = _as(call, "var")
-    (ox, *_), _ = _as(call, "order")
     n = _terms(x, outs[0])
     mean_squares = call.func(x * x, *rest, **kwargs)
-    acc = R.accumulation_variance(outs[0] * n, mean_squares * n, n, dtypes[0]) / n ** 2
-    return [call.func(vx, *rest, **kwargs) / n + acc], [call.func(ox, *rest, **kwargs) / n + acc]
+    return [R.accumulation_variance(outs[0] * n, mean_squares * n, n, dtypes[0]) / n ** 2]
 
 
-def _cumsum_rule(call, outs, dtypes):
-    """cumsum: each prefix's variances summed; each partial sum is an output, rounded once each."""
-    bound = _bound(call, "value")
-    dim = bound["dim"]
+def _cumsum_accumulation(call, outs, dtypes):
+    """Each partial sum is an output, rounded once each (STEP_ROUNDINGS times)."""
+    dim = _bound(call, "value")["dim"]
     partial = outs[0]
+    if R.accumulator(dtypes[0]) == torch.float64:
+        return [torch.zeros_like(partial)]
     u = R.unit_roundoff(R.accumulator(dtypes[0]))
     step = R.PARTIAL_SUM_VARIANCE * u * u * partial.square()
-    acc = step.cumsum(dim) - step.narrow(dim, 0, 1) if R.accumulator(dtypes[0]) != torch.float64 else 0 * step
-    var, order = _bound(call, "var")["self"], _bound(call, "order")["self"]
-    return [torch.cumsum(var, dim) + acc], [torch.cumsum(order, dim) + acc]
+    return [step.cumsum(dim) - step.narrow(dim, 0, 1)]
 
 
-def _bilinear(product, a_name: str, b_name: str, terms):
-    """C = product(a, b) (mm, bmm, mv, dot): var(C) = product(a^2, var b) + product(var a, b^2),
-    and the accumulation of its ``terms(a)`` products."""
-    def rule(call, outs, dtypes):
-        value, square = _bound(call, "value"), _bound(call, "square")
-        var, order = _bound(call, "var"), _bound(call, "order")
-        a, b = value[a_name], value[b_name]
-        squares = product(square[a_name], square[b_name])
-        acc = R.accumulation_variance(outs[0], squares, terms(a), dtypes[0])
-        return ([product(square[a_name], var[b_name]) + product(var[a_name], square[b_name]) + acc],
-                [product(square[a_name], order[b_name]) + product(order[a_name], square[b_name]) + acc])
-
-    return rule
-
-
-def _scaled_bilinear(product, bias: str, a_name: str, b_name: str):
-    """beta * bias + alpha * product(a, b) (addmm, baddbmm, addmv)."""
-    def rule(call, outs, dtypes):
-        value, square = _bound(call, "value"), _bound(call, "square")
-        var, order = _bound(call, "var"), _bound(call, "order")
+def _bilinear(product, a_name: str, b_name: str, terms, bias: str | None = None):
+    """beta * bias + alpha * product(a, b) (mm, bmm, mv, dot; addmm, baddbmm, addmv with a bias):
+    var = beta^2 var(bias) + alpha^2 (product(a^2, var b) + product(var a, b^2)); the accumulation
+    of its ``terms(a)`` products."""
+    def variances(call, outs, dtypes, kind):
+        square, var, value = _bound(call, "square"), _bound(call, kind), _bound(call, "value")
         beta, alpha = float(value.get("beta", 1)), float(value.get("alpha", 1))
-        a, b = value[a_name], value[b_name]
-        exact = product(a, b)
-        acc = R.accumulation_variance(exact, product(square[a_name], square[b_name]), a.shape[-1], dtypes[0])
-        shape = outs[0].shape
+        out = alpha ** 2 * (product(square[a_name], var[b_name]) + product(var[a_name], square[b_name]))
+        return [out + beta ** 2 * var[bias].expand(out.shape) if bias else out]
 
-        def total(kind):
-            other = var if kind == "var" else order
-            return (beta ** 2 * other[bias].expand(shape)
-                    + alpha ** 2 * (product(square[a_name], other[b_name]) + product(other[a_name], square[b_name])
-                                    + acc))
+    def accumulation(call, outs, dtypes):
+        square, value = _bound(call, "square"), _bound(call, "value")
+        alpha = float(value.get("alpha", 1))
+        total = product(value[a_name], value[b_name])
+        return [alpha ** 2 * R.accumulation_variance(total, product(square[a_name], square[b_name]),
+                                                     terms(value[a_name]), dtypes[0])]
 
-        return [total("var")], [total("order")]
-
-    return rule
+    return variances, accumulation
 
 
-def _accumulating(call, outs, dtypes):
-    """index_put(accumulate=True), index_add, scatter_add: linear in ``self`` and the added values,
-    with unit coefficients (alpha^2 for index_add's), plus the accumulation of what lands on each
-    element."""
-    args_v, kw_v = _as(call, "value")
+def _scattered_variances(call, outs, dtypes, kind):
+    """index_put(accumulate=True), index_add, scatter_add: linear in ``self`` and the added values
+    with unit coefficients: the op applied to the variances."""
+    if float(_bound(call, "value").get("alpha", 1)) != 1:  # the op would scale the variances by alpha, not alpha^2
+        raise NotImplementedError("index_add with alpha != 1")
+    args, kwargs = _as(call, kind)
+    return [call.func(*args, **kwargs)]
+
+
+def _scattered_accumulation(call, outs, dtypes):
+    """What lands on each element is accumulated: the op on squares and on ones gives Q and n."""
     squares = call.func(*_as(call, "square")[0], **_as(call, "square")[1])
     counts = call.func(*_as(call, "ones")[0], **_as(call, "ones")[1])
-    acc = R.accumulation_variance(outs[0], squares, counts, dtypes[0])
-    var = call.func(*_as(call, "var")[0], **_as(call, "var")[1])
-    order = call.func(*_as(call, "order")[0], **_as(call, "order")[1])
-    alpha = float(_bound(call, "value").get("alpha", 1))
-    if alpha != 1:  # applied once by the op to the added variances: it needs alpha^2
-        raise NotImplementedError("index_add with alpha != 1")
-    return [var + acc], [order + acc]
+    return [R.accumulation_variance(outs[0], squares, counts, dtypes[0])]
 
 
 def _accumulates(call) -> bool:
     return bool(_bound(call, "value").get("accumulate", True))
 
 
+_SUM = _Rule(_linear_in_self, _sum_accumulation)
+_MEAN = _Rule(_mean_variances, _mean_accumulation)
+_SCATTERED = (_scattered_variances, _scattered_accumulation)
 _EXACT = {
-    aten.sum.dim_IntList: _Rule(_sum_rule), aten.sum.default: _Rule(_sum_rule),
-    aten.mean.dim: _Rule(_mean_rule), aten.mean.default: _Rule(_mean_rule),
-    aten.cumsum.default: _Rule(_cumsum_rule),
-    aten.mm.default: _Rule(_bilinear(torch.mm, "self", "mat2", lambda a: a.shape[-1])),
-    aten.bmm.default: _Rule(_bilinear(torch.bmm, "self", "mat2", lambda a: a.shape[-1])),
-    aten.mv.default: _Rule(_bilinear(torch.mv, "self", "vec", lambda a: a.shape[-1])),
-    aten.dot.default: _Rule(_bilinear(torch.dot, "self", "tensor", lambda a: a.numel())),
-    aten.addmm.default: _Rule(_scaled_bilinear(torch.mm, "self", "mat1", "mat2")),
-    aten.baddbmm.default: _Rule(_scaled_bilinear(torch.bmm, "self", "batch1", "batch2")),
-    aten.addmv.default: _Rule(_scaled_bilinear(torch.mv, "self", "mat", "vec")),
-    aten.index_put.default: _Rule(_accumulating, _accumulates),
-    aten.index_put_.default: _Rule(_accumulating, _accumulates),
-    aten._unsafe_index_put.default: _Rule(_accumulating, _accumulates),
-    aten.index_add.default: _Rule(_accumulating), aten.scatter_add.default: _Rule(_accumulating),
+    aten.sum.dim_IntList: _SUM, aten.sum.default: _SUM, aten.mean.dim: _MEAN, aten.mean.default: _MEAN,
+    aten.cumsum.default: _Rule(_linear_in_self, _cumsum_accumulation),
+    aten.mm.default: _Rule(*_bilinear(torch.mm, "self", "mat2", lambda a: a.shape[-1])),
+    aten.bmm.default: _Rule(*_bilinear(torch.bmm, "self", "mat2", lambda a: a.shape[-1])),
+    aten.mv.default: _Rule(*_bilinear(torch.mv, "self", "vec", lambda a: a.shape[-1])),
+    aten.dot.default: _Rule(*_bilinear(torch.dot, "self", "tensor", lambda a: a.numel())),
+    aten.addmm.default: _Rule(*_bilinear(torch.mm, "mat1", "mat2", lambda a: a.shape[-1], bias="self")),
+    aten.baddbmm.default: _Rule(*_bilinear(torch.bmm, "batch1", "batch2", lambda a: a.shape[-1], bias="self")),
+    aten.addmv.default: _Rule(*_bilinear(torch.mv, "mat", "vec", lambda a: a.shape[-1], bias="self")),
+    aten.index_put.default: _Rule(*_SCATTERED, _accumulates),
+    aten.index_put_.default: _Rule(*_SCATTERED, _accumulates),
+    aten._unsafe_index_put.default: _Rule(*_SCATTERED, _accumulates),
+    aten.index_add.default: _Rule(*_SCATTERED), aten.scatter_add.default: _Rule(*_SCATTERED),
 }
 
 
@@ -412,8 +427,7 @@ def _accumulation_sample(call, out, dtype, generator) -> torch.Tensor:
         # each step's roundings (STEP_ROUNDINGS of them, Note [Accumulation]) drawn as one of their variance
         error = (noise * R.spacing(partial, acc)).sum(-1) * R.STEP_ROUNDINGS ** 0.5
         return error.reshape(out.shape) if not bound.get("keepdim") else error.unsqueeze(dim).reshape(out.shape)
-    # In sample mode the inputs carry no variances, so the exact rule gives the accumulation alone.
-    variance = _EXACT[call.func](call, [out], [dtype])[0][0]
+    variance = _EXACT[call.func].accumulation(call, [out], [dtype])[0]
     return variance.sqrt() * torch.randn(out.shape, generator=generator, dtype=torch.float64).to(out.device)
 
 

@@ -80,26 +80,27 @@ def active() -> Evaluation:
 
 class Shadow(torch.Tensor):
     """A tensor of a nominal dtype whose value is held exactly in float64 (Note [Shadow evaluation]).
-    ``var``, ``order`` and ``own`` (variances, float64, the value's shape and strides) exist in
-    variance mode only."""
+    ``var``, ``order``, ``fast`` and ``own`` (variances, float64, the value's shape and strides; see
+    rules.KINDS) exist in variance mode only."""
 
     value: torch.Tensor
     var: torch.Tensor | None
     order: torch.Tensor | None
+    fast: torch.Tensor | None
     own: torch.Tensor | None
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
-    def __new__(cls, value: torch.Tensor, dtype: torch.dtype, var=None, order=None, own=None,
+    def __new__(cls, value: torch.Tensor, dtype: torch.dtype, var=None, order=None, fast=None, own=None,
                 requires_grad: bool = False):
         return torch.Tensor._make_wrapper_subclass(
             cls, value.shape, strides=value.stride(), storage_offset=value.storage_offset(), dtype=dtype,
             device=value.device, requires_grad=requires_grad)
 
-    def __init__(self, value, dtype, var=None, order=None, own=None, requires_grad=False):
+    def __init__(self, value, dtype, var=None, order=None, fast=None, own=None, requires_grad=False):
         self.value = value
-        self.var, self.order, self.own = var, order, own
+        self.var, self.order, self.fast, self.own = var, order, fast, own
 
     @classmethod
     def of(cls, tensor: torch.Tensor, requires_grad: bool = False) -> Shadow:
@@ -107,7 +108,7 @@ class Shadow(torch.Tensor):
         value = tensor.detach().to(torch.float64)
         variance = active().mode == "variance"
         zeros = (lambda: torch.zeros_like(value)) if variance else (lambda: None)
-        return cls(value, tensor.dtype, zeros(), zeros(), zeros(), requires_grad=requires_grad)
+        return cls(value, tensor.dtype, zeros(), zeros(), zeros(), zeros(), requires_grad=requires_grad)
 
     def __repr__(self):
         return f"Shadow({self.dtype}, shape={tuple(self.shape)}, value={self.value!r})"
@@ -280,11 +281,11 @@ def _evaluate(func, args, kwargs, state: Evaluation):
         variances = rules.propagate(call, out_leaves, dtypes, floating, state)
     else:
         out_leaves = rules.round_values(call, out_leaves, dtypes, floating, state)
-        variances = [(None, None, None)] * len(out_leaves)
+        variances = [None] * len(out_leaves)
 
     wrapped = []
-    for o, d, is_float, (var, order, own) in zip(out_leaves, dtypes, floating, variances):
-        wrapped.append(Shadow(o, d, var, order, own) if is_float else o)
+    for o, d, is_float, kinds in zip(out_leaves, dtypes, floating, variances):
+        wrapped.append(Shadow(o, d, **(kinds or {})) if is_float else o)
     if call.written:
         return _write_back(call, tree_unflatten(wrapped, out_spec), out_spec)
     return tree_unflatten(wrapped, out_spec)
@@ -299,7 +300,7 @@ def _write_back(call: Call, result, out_spec):
         if not isinstance(target, Shadow):
             continue
         target.value.copy_(new.value)
-        for name in ("var", "order", "own"):
+        for name in (*rules.KINDS, "own"):
             if getattr(target, name) is not None:
                 getattr(target, name).copy_(getattr(new, name))
     return targets[0] if len(targets) == 1 else tuple(targets)

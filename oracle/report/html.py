@@ -213,6 +213,8 @@ def perf_figures(bench: dict) -> dict[str, str]:
 
 
 def render(document: dict, comparison: dict | None = None, bench: dict | None = None) -> str:
+    from .terminal import maths_line
+
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["j2"]),
                              undefined=jinja2.StrictUndefined)
     cells = document["cells"]
@@ -222,7 +224,7 @@ def render(document: dict, comparison: dict | None = None, bench: dict | None = 
     perf = perf_figures(bench) if bench else {}
     regression_keys = {d["key"] for d in comparison["deltas"] if d["regression"]} if comparison else set()
     return env.get_template("dashboard.html.j2").render(
-        doc=document, figures=figures, perf=perf, bench=bench, comparison=comparison,
+        doc=document, figures=figures, perf=perf, bench=bench, comparison=comparison, maths=maths_line(document),
         regression_keys=regression_keys, passed=sum(c["status"] == "pass" for c in document["cases"]),
         findings=sum(len(a["findings"]) for a in document["aliasing"]) + sum(len(c["findings"]) for c in document["cases"]),
     )

@@ -32,6 +32,7 @@ def print_summary(document: dict, comparison: dict | None, console: Console) -> 
                       f"{row['min_bit_identical']:.1%}", f"{row['max_ulp']:.0f}",
                       f"[{'green' if not row['findings'] else 'red'}]{row['findings']}[/]")
     console.print(table)
+    console.print(maths_line(document), highlight=False, soft_wrap=True)
     checks = document["aliasing"]
     flagged = [c for c in checks if c["findings"]]
     console.print(f"aliasing checks: {len(checks) - len(flagged)}/{len(checks)} clean")
@@ -49,6 +50,21 @@ def print_summary(document: dict, comparison: dict | None, console: Console) -> 
             console.print("  " + escape(line), highlight=False, soft_wrap=True)
         if len(comparison["regressions"]) > 30:
             console.print(f"  ... and {len(comparison['regressions']) - 30} more in the JSON")
+
+
+def maths_line(document: dict) -> str:
+    """Which rule judged the run (oracle/noise/rounding.py, Note [Fast maths]), and the tensors that
+    passed only in the room of fast maths."""
+    measured = [c for c in document["cells"] if c.get("metrics")]
+    rules = sorted({c["metrics"].get("maths", "exact") for c in measured})
+    needed = sorted({f"{c['op']}/{c['variant']}/{c['dtype']}/{c['tensor']}" for c in measured
+                     if c["metrics"].get("needed_fast_maths")})
+    rule = " and ".join(rules) or "none"
+    line = f"maths: {rule} (fast: exp as Triton's tl.exp is granted; exact: the implementation declares EXACT_MATHS)"
+    if needed:
+        line += f"; {len(needed)} tensor(s) passed only in the room of fast maths: {', '.join(needed[:8])}" + \
+            (" ..." if len(needed) > 8 else "")
+    return line
 
 
 def print_verdict(comparison: dict, console: Console) -> None:
