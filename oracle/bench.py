@@ -45,23 +45,18 @@ from pathlib import Path
 
 import torch
 
+from .bench_targets import (FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, MEMORY_PEER,  # noqa: F401
+                            NARROW_BELOW, OURS, SCHEMA, WALL_TARGET)
 from .environment import environment, write_json_atomic
 from .ops import SPECS
 from .workload import Workload, forget_compiled, randn_cuda
 
-SCHEMA = "kernel-oracle/bench/2"
 GATE_MARGIN = 0.10  # a ratio to torch.compile may grow by 10% before the gate fails
 DEFAULT_BASELINE = Path("reports/bench-h200.json")
 DEFAULT_PLOT = Path("docs/bench-columns.svg")
 DEFAULT_BUDGET_S = 470  # a full run takes minutes; callers give it ~540 s, startup and the last workload included
 
-# The targets (see ``targets``)
-FWD_TARGET = 0.85  # forward GPU bandwidth over the copy's
-FWD_TARGET_NARROW = 0.70  # ... on sweep rows narrower than NARROW_BELOW columns
-NARROW_BELOW = 256
-FWD_BWD_TARGET = 1.0  # forward+backward GPU time over the fastest fast peer's
-WALL_TARGET = 1.3  # forward+backward loop time over its own GPU time, at model shapes
-OURS, FAST_PEERS, MEMORY_PEER = "kernels", ("compile", "liger"), "compile"
+# The schema and the targets (see ``targets``) live in bench_targets, which the plot reads too.
 
 GRAPH_REP_MS = 50  # ms per CUDA-graph replay: ten replays of many calls each are steady, and the run stays short
 HOST_CALLS, HOST_LOOPS = 30, 7  # 30 calls keep even eager's launches below the CUDA launch queue's depth

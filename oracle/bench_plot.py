@@ -13,7 +13,7 @@ import io
 import json
 from pathlib import Path
 
-from .bench import FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, SCHEMA
+from .bench_targets import FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, SCHEMA
 from .environment import write_text_atomic
 
 FORWARD_LINES = ("kernels", "compile", "liger", "eager")

@@ -78,3 +78,77 @@ def test_a_list_of_ops_is_seen():
         assert _literals_naming_several_ops(planted) == ["tests/_planted_op_list.py:1: ['rms_norm', 'rope']"]
     finally:
         planted.unlink()
+
+
+# docs/design.md §8, the package map: the engine and what it is made of, and the tools built on it.
+# Imports go from tools to the engine, never back, and no module imports itself through others.
+ENGINE = ("oracle.cases", "oracle.specs", "oracle.reference", "oracle.memory", "oracle.watchdog", "oracle.scale",
+          "oracle.devices", "oracle.compare", "oracle.noise", "oracle.declare", "oracle.registry", "oracle.ops",
+          "oracle.workload", "oracle.impls", "oracle.adapters", "oracle.engine", "oracle.aliasing",
+          "oracle.compile_check")
+TOOLS = ("oracle.report", "oracle.sanitize", "oracle.repro", "oracle.bench", "oracle.bench_plot",
+         "oracle.bench_targets", "oracle.environment", "oracle.suite", "oracle.pytest_plugin")
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ORACLE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every oracle module -> the oracle modules it imports (anywhere in it, functions included)."""
+    import ast
+
+    modules = {_module(p): p for p in _sources()}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules]
+                found = subs if subs and len(subs) == len(node.names) else [target, *subs]
+            elif isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            else:
+                continue
+            deps |= {m for m in found if m in modules and m != name}
+        graph[name] = deps
+    return graph
+
+
+def _layer(module: str) -> str | None:
+    for layer, roots in (("engine", ENGINE), ("tools", TOOLS)):
+        if any(module == root or module.startswith(root + ".") for root in roots):
+            return layer
+    return None
+
+
+def test_every_module_is_on_the_package_map_and_the_engine_imports_no_tool():
+    graph = _import_graph()
+    unplaced = sorted(m for m in graph if m != "oracle" and _layer(m) is None)
+    assert not unplaced, f"not on the package map (tests/test_structure.py, docs/design.md §8): {unplaced}"
+    upward = sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps
+                    if _layer(m) == "engine" and _layer(d) == "tools")
+    assert not upward, "\n".join(upward)
+
+
+def test_no_module_imports_itself_through_others():
+    graph = _import_graph()
+    seen, cycles = set(), []
+
+    def visit(node, path):
+        if node in path:
+            cycles.append(path[path.index(node):] + [node])
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        for dep in sorted(graph[node]):
+            visit(dep, path + [node])
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)

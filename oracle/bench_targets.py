@@ -1,0 +1,11 @@
+"""The benchmark's JSON schema and the targets it holds the kernels to: read by the benchmark
+(oracle/bench.py) and by its plot (oracle/bench_plot.py), which therefore need not import each other."""
+
+SCHEMA = "kernel-oracle/bench/2"
+
+FWD_TARGET = 0.85  # forward GPU bandwidth over the copy's
+FWD_TARGET_NARROW = 0.70  # ... on sweep rows narrower than NARROW_BELOW columns
+NARROW_BELOW = 256
+FWD_BWD_TARGET = 1.0  # forward+backward GPU time over the fastest fast peer's
+WALL_TARGET = 1.3  # forward+backward loop time over its own GPU time, at model shapes
+OURS, FAST_PEERS, MEMORY_PEER = "kernels", ("compile", "liger"), "compile"
