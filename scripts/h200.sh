@@ -101,6 +101,24 @@ for step in "$@"; do
                '{"dims":{"cols":2,"lead":[1]},"dtype":"float32","layout":"contiguous","op":"rms_norm","params":{"eps":1e-06,"weight":"same"},"seed":0,"values":"normal","variant":"llama"}'; do
         python3 -m oracle.repro "$c" | head -4
       done 2>&1 | tee "$OUT/pinned-h200.log";;
+    derived-thorough)  # the thorough profile with the hand-written noise models switched off (ORACLE_NOISE_MODEL=derived)
+      for impl in ${DERIVED_IMPLS:-kernels hf compile}; do
+        ORACLE_NOISE_MODEL=derived HYPOTHESIS_PROFILE=thorough timeout ${THOROUGH_TIMEOUT:-240} python3 -m pytest -n auto -q \
+          -p no:cacheprovider tests/test_ops.py -k "matches_hf ${THOROUGH_OPS:+and $THOROUGH_OPS}" --impl $impl 2>&1 \
+          | tee "$OUT/pytest-thorough-derived-$impl-h200.log" | tail -12
+      done;;
+    noise-tables)  # the derived noise model against the hand-written ones: scale ratios and cost, on the GPU
+      timeout 300 python3 scripts/derived_noise_tables.py --device cuda --json "$OUT/derived-noise-h200.json" 2>&1 \
+        | tee "$OUT/derived-noise-h200.log" | tail -40;;
+    declared-liger)  # the declared ops of tests/declared_project against Liger-Kernel's counterparts (carry its wheel)
+      (cd tests/declared_project && CI=true timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -n 8 -p no:cacheprovider \
+        --pyargs oracle.suite --op-module declared_ops --impl liger_impls:liger \
+        --ops layer_norm,fused_add_rms_norm,cross_entropy,softmax 2>&1 | tee "$OUT/pytest-declared-liger-h200.log" | tail -40)
+      (cd tests/declared_project && CI=true timeout 200 python3 -m pytest -n 8 -q -p no:cacheprovider --pyargs oracle.suite \
+        --op-module declared_ops --impl impls:compiled -k "matches_hf and float32" 2>&1 | tail -5);;
+    fast-maths)  # a correct fp32 SwiGLU with tl.exp: the generic suite passes it by default
+      CI=true timeout 200 python3 -m pytest -n 8 -q -p no:cacheprovider tests/test_ops.py --ops swiglu \
+        --impl tests.fast_maths_impls:triton_fast_exp_swiglu 2>&1 | tee "$OUT/pytest-fast-exp-h200.log" | tail -8;;
     *) echo "unknown step $step"; exit 2;;
   esac
 done
