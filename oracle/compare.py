@@ -206,13 +206,16 @@ def _index(flat_index: int, shape: tuple[int, ...]) -> list[int]:
 
 def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reordered: torch.Tensor | None = None,
           sum_noise: float = 0.0, element_noise: torch.Tensor | None = None,
-          order_noise: torch.Tensor | None = None, hf_room: bool = False) -> TensorVerdict:
+          order_noise: torch.Tensor | None = None, hf_room: bool = False,
+          typical_room: torch.Tensor | None = None) -> TensorVerdict:
     """Compare k (implementation) with h (HF, same dtype) and t (float64 truth).
 
     ``element_noise`` (float64, broadcastable to t): the rounding noise of each element's terms in
     HF's evaluation (Note [The per-element judgement]); without it only the max-norm judgement
     applies. ``order_noise``: the part of it that another summation order moves (Note [The
     distribution judgement]); None where nothing is summed. ``hf_room``: Note [HF's own error is room].
+    ``typical_room``: per element, how much a granted approximation (fast maths) moves a typical error
+    beyond HF's; the distribution judgement allows its mean.
     """
     problems = []
     if tuple(k.shape) != tuple(h.shape):
@@ -283,7 +286,7 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
         if hf_room:
             noise = torch.maximum(noise, h_err)
         extra = _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, order_noise,
-                                          h.dtype, problems)
+                                          h.dtype, problems, typical_room)
 
     return TensorVerdict(
         name=name, dtype=str(h.dtype).removeprefix("torch."), shape=tuple(k.shape),
@@ -305,7 +308,8 @@ def ulps_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return info.eps * torch.exp2((exponent - 1).to(torch.float64))
 
 
-def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, order, dtype, problems) -> dict:
+def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, order, dtype, problems,
+                              typical_room=None) -> dict:
     """Note [The per-element judgement] and Note [The distribution judgement]; appends to ``problems``."""
     scale = ulps_of(t, dtype) + noise
     # judged elements only (never divide by 0); an infinite scale leaves its element unjudged
@@ -340,9 +344,10 @@ def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, o
     # formula with EXTRA_ROUNDINGS more operations than HF's may add to the mean (negligible in 16-bit).
     u_c = torch.finfo(torch.promote_types(dtype, torch.float32)).eps / 2
     extra = EXTRA_ROUNDINGS * mean(torch.where(finite, u_c * t.abs() / scale, 0.0))
-    if order is not None:  # and where the spec says a long sum's order moves the result, that room
-        order = order.to(device=t.device, dtype=torch.float64).expand(t.shape)
-        extra += mean(torch.where(finite & torch.isfinite(order), order / scale, 0.0))
+    for room in (order, typical_room):  # a long sum's other orders, and a granted approximation, move it
+        if room is not None:
+            room = room.to(device=t.device, dtype=torch.float64).expand(t.shape)
+            extra += mean(torch.where(finite & torch.isfinite(room), room / scale, 0.0))
     # The sampling noise of a mean over n elements. An implementation as accurate as HF may land
     # anywhere within an element's scale; spread evenly, that is an sd of 1/sqrt(12) in these units,
     # the floor where HF's own errors happen to agree (one element, or HF exact by luck).

@@ -177,18 +177,20 @@ class Prepared:
     noise_model: str = "declared"  # which model judged it: the spec's own, or derived (noise_rule)
     maths: str = "fast"  # the maths granted (Note [Fast maths]); fast: element_noise includes its room
     exact_noise: dict | None = None  # with fast maths: the noise without that room
+    typical_room: dict | None = None  # with fast maths: its typical size, for the distribution judgement
 
     def judge(self, name: str, got: torch.Tensor) -> TensorVerdict:
         """The verdict on one compared tensor of an implementation (compare.judge); with fast maths,
         whether it needed that room to pass."""
-        def verdict(noise_of):
+        def verdict(noise_of, room):
             return judge(name, self.compared_part(name, got), self.hf.tensors()[name], self.truth.tensors()[name],
                          self.reordered.tensors().get(name), self.sum_noise.get(name, 0.0), noise_of[name],
-                         self.order_noise.get(name), hf_room=self.noise_model == "derived")
+                         self.order_noise.get(name), hf_room=self.noise_model == "derived",
+                         typical_room=room.get(name) if room else None)
 
-        granted = verdict(self.element_noise)
+        granted = verdict(self.element_noise, self.typical_room)
         needed = self.maths == "fast" and granted.passed and self.exact_noise is not None and \
-            not verdict(self.exact_noise).passed
+            not verdict(self.exact_noise, None).passed
         return dataclasses.replace(granted, maths=self.maths, needed_fast_maths=needed)
 
 
@@ -233,6 +235,10 @@ class NoiseModels:
     exact: dict | None
     derived: noise.DerivedModel | None
 
+    @property
+    def typical_room(self) -> dict | None:
+        return self.derived.fast_typical if self.maths == "fast" and self.derived is not None else None
+
 
 def noise_models(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str = "fast") -> NoiseModels:
     derived = None
@@ -271,7 +277,8 @@ def _references(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str
     sum_noise = {name: summation_noise(*terms(args, upstream), _accumulator(case))
                  for name, terms in spec.summed.items()}
     return Prepared(args, upstream, hf, truth, reordered, sum_noise, models.element, models.order,
-                    noise_model=models.model, maths=models.maths, exact_noise=models.exact)
+                    noise_model=models.model, maths=models.maths, exact_noise=models.exact,
+                    typical_room=models.typical_room)
 
 
 def _split(spec: OpSpec, tensors: dict[str, torch.Tensor]) -> Evaluation:

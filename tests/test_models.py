@@ -148,7 +148,9 @@ def reference(model, inputs, steps: int = 0, samples: int = SAMPLES) -> Referenc
 def _shadow_run(model, inputs, steps: int, mode: str, seed: int = 0) -> dict:
     with evaluating(mode, seed):
         params = {n: Shadow.of(p, requires_grad=True) for n, p in model.named_parameters()}
-        buffers = {n: Shadow.of(b) if b.is_floating_point() else b for n, b in model.named_buffers()}
+        # Buffers (the rotary embedding's inverse frequencies) stay plain: the cos and sin tables they
+        # make are the same constants in the patched model and in HF's.
+        buffers = dict(model.named_buffers())
 
         def run():
             out = torch.func.functional_call(model, {**params, **buffers}, (), inputs)

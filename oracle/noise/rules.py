@@ -103,7 +103,7 @@ def _as(call, kind: str):
         elif kind == "ones":
             leaves.append(torch.ones_like(value))
         else:
-            stored = getattr(leaf, kind, None)
+            stored = vars(leaf).get(kind) if isinstance(leaf, torch.Tensor) else None  # a plain tensor: none
             leaves.append(stored if stored is not None else torch.zeros_like(value))
     return tree_unflatten(leaves, call.spec)
 

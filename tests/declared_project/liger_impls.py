@@ -14,6 +14,7 @@ def _liger():
         return LigerCrossEntropyFunction.apply(logits, target, None, -100)[0]
 
     return implementation(
+        NO_FLOAT64={"layer_norm", "fused_add_rms_norm", "cross_entropy", "softmax"},  # Liger computes in float32
         layer_norm=lambda X, W, B, eps: LigerLayerNormFunction.apply(X, W, B, eps),
         # Llama's casting, not in place: the declaration's HF maths
         fused_add_rms_norm=lambda X, R, W, eps: LigerFusedAddRMSNormFunction.apply(X, R, W, eps, 0.0, "llama", False),
