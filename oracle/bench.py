@@ -507,7 +507,7 @@ def _load_baseline(path: Path) -> dict:
     return baseline
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m oracle.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--quick", action="store_true", help="bf16 only, no column sweep")
@@ -526,7 +526,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help=f"where --plot writes (default {DEFAULT_PLOT})")
     parser.add_argument("--position-check", action="store_true",
                         help="only time rope's position-id range check per call (CPU too) and exit")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.out is not None and args.plot is None:
         parser.error("--out is where --plot writes; give --plot too")
     if args.widths is not None and (args.quick or args.no_sweep):

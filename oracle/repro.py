@@ -19,7 +19,7 @@ from .ops import SPECS
 from .registry import DeclarationError, load_declared
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m oracle.repro", description=__doc__.splitlines()[0])
     parser.add_argument("case", help="the case as printed by a failure (JSON)")
     parser.add_argument("--impl", default="kernels", help="kernels, hf, compile, liger or package.module:attr")
@@ -27,7 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", default=None, choices=sorted(aliasing.CHECKS), help="run one aliasing check")
     parser.add_argument("--op-module", action="append", default=[], metavar="MODULE",
                         help="a module of op declarations the case's op comes from")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         load_declared(args.op_module)
         case = Case.from_json(args.case)

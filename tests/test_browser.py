@@ -45,3 +45,22 @@ def test_dashboard_renders_without_errors(browser, small_report):
     height = browser.execute_script("return document.body.scrollHeight")
     browser.set_window_size(1300, min(height, 16000))
     assert browser.save_screenshot(str(html.with_suffix(".png")))
+
+
+COMMITTED = sorted((Path(__file__).parent.parent / "reports").glob("drift-*.html"))
+
+
+@pytest.mark.parametrize("dashboard", COMMITTED, ids=lambda p: p.name)
+def test_a_committed_dashboard_opens_and_its_headline_says_what_it_compares(browser, dashboard):
+    """What a user sees first is true: the cards' numbers are whole (passed / all), and a count of
+    regressions names the baseline it was counted against."""
+    browser.get(dashboard.resolve().as_uri())
+    cards = browser.execute_script("return Array.from(document.querySelectorAll('.card')).map(c => c.innerText)")
+    passed = next(c for c in cards if c.startswith("cases passed"))
+    done, total = (int(n) for n in passed.split()[-3::2])
+    assert 0 < total and done <= total, cards
+    assert all("against the baseline" in c for c in cards if "regression" in c), cards
+    errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    assert errors == [], errors
+    if dashboard.name == "drift-h200.html":  # the committed H200 baseline's own run: every case passed
+        assert done == total, passed

@@ -136,7 +136,7 @@ def main(argv=None) -> int:
         write_json_atomic(json_path, document)
     bench_path = args.bench or (DEFAULT_BENCH if DEFAULT_BENCH.exists() else None)
     bench = json.loads(bench_path.read_text()) if bench_path else None
-    write_text_atomic(html_path, html.render(document, comparison, bench))
+    write_text_atomic(html_path, html.render(document, comparison, bench, updated=args.update_baseline))
     terminal.print_summary(document, comparison, console)
     console.print(f"wrote {json_path if not stored or args.json else ''} {html_path}", highlight=False)
     if args.update_baseline:

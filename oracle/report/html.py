@@ -31,6 +31,9 @@ TEMPLATES = Path(__file__).parent / "templates"
 # Error ratio colours: green at or below HF's own error, amber up to the 2x bound, red beyond it.
 RATIO_COLOURS = LinearSegmentedColormap.from_list("ratio", [(0, "#1a9850"), (1 / 3, "#a6d96a"), (0.5, "#fee08b"),
                                                             (2 / 3, "#fc8d59"), (1, "#d73027")])
+# a share of a bound on [0, 1.5]: green to yellow while it passes (up to 1), orange to red past it
+SHARE_COLOURS = LinearSegmentedColormap.from_list("share", [(0, "#1a9850"), (1 / 3, "#a6d96a"), (0.66, "#fee08b"),
+                                                            (0.67, "#fc8d59"), (1, "#d73027")])
 
 
 def _svg(fig) -> str:
@@ -53,12 +56,13 @@ def _grid(cells: list[dict], value, reduce) -> tuple[list[str], list[list[float]
     return rows, [[reduce(by[(r, d)]) if by[(r, d)] else math.nan for d in DTYPES] for r in rows]
 
 
-def _heatmap(rows, grid, title, cmap, vmin, vmax, fmt, label) -> str:
-    """Colours clipped to [vmin, vmax]; the numbers written in the cells are the real values."""
+def _heatmap(rows, grid, title, cmap, vmin, vmax, fmt, label, colours=None) -> str:
+    """Colours clipped to [vmin, vmax] (of ``colours`` where given, else of the values); the numbers
+    written in the cells are the real values."""
     if not rows:  # a run with no cells (a shard of checks alone)
         return "<p>No cells in this run.</p>"
     fig, ax = plt.subplots(figsize=(6.2, 0.32 * len(rows) + 1.4))
-    clipped = [[min(max(v, vmin), vmax) if not math.isnan(v) else v for v in row] for row in grid]
+    clipped = [[min(max(v, vmin), vmax) if not math.isnan(v) else v for v in row] for row in (colours or grid)]
     image = ax.imshow(clipped, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax)
     ax.set_xticks(range(len(DTYPES)), DTYPES)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
@@ -73,9 +77,13 @@ def _heatmap(rows, grid, title, cmap, vmin, vmax, fmt, label) -> str:
 
 
 def ratio_heatmap(cells) -> str:
+    """The worst error ratio written in each cell, coloured by the worst max|k-t| as a share of its
+    own bound (2 max|h-t| + floor): a ratio of 2.56 that passes by its floor is green, not red."""
     rows, grid = _grid(cells, lambda m: m["error_ratio"], max)
-    return _heatmap(rows, grid, "worst error ratio max|k-t| / max|h-t| over the grid (colour clipped at 3)",
-                    RATIO_COLOURS, 0, 3, lambda v: f"{v:.3g}", "error ratio (pass bound is 2 plus the floor)")
+    _, shares = _grid(cells, lambda m: m["max_abs"] / m["bound"] if m["bound"] > 0 else (0.0 if not m["max_abs"] else 9.9),
+                      max)
+    return _heatmap(rows, grid, "worst error ratio max|k-t| / max|h-t| (colour: max|k-t| as a share of its bound)",
+                    SHARE_COLOURS, 0, 1.5, lambda v: f"{v:.3g}", "max|k-t| / bound (above 1 fails)", colours=shares)
 
 
 def _share_of_bound(value: str, bound: str):
@@ -212,7 +220,8 @@ def perf_figures(bench: dict) -> dict[str, str]:
     return figures
 
 
-def render(document: dict, comparison: dict | None = None, bench: dict | None = None) -> str:
+def render(document: dict, comparison: dict | None = None, bench: dict | None = None, updated: bool = False) -> str:
+    """``updated``: this run is stored as the baseline it was compared with, which the headline says."""
     from .terminal import maths_line
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["j2"]),
@@ -225,6 +234,7 @@ def render(document: dict, comparison: dict | None = None, bench: dict | None = 
     regression_keys = {d["key"] for d in comparison["deltas"] if d["regression"]} if comparison else set()
     return env.get_template("dashboard.html.j2").render(
         doc=document, figures=figures, perf=perf, bench=bench, comparison=comparison, maths=maths_line(document),
+        updated=updated,
         regression_keys=regression_keys, passed=sum(c["status"] == "pass" for c in document["cases"]),
         findings=sum(len(a["findings"]) for a in document["aliasing"]) + sum(len(c["findings"]) for c in document["cases"]),
     )
