@@ -530,11 +530,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    usage = parser()
+    args = usage.parse_args(argv)
     if args.out is not None and args.plot is None:
-        parser.error("--out is where --plot writes; give --plot too")
+        usage.error("--out is where --plot writes; give --plot too")
     if args.widths is not None and (args.quick or args.no_sweep):
-        parser.error("--widths picks the sweep's widths; --quick and --no-sweep leave the sweep out")
+        usage.error("--widths picks the sweep's widths; --quick and --no-sweep leave the sweep out")
     if args.plot is not None:
         from .bench_plot import BenchFileError, plot_columns
 
