@@ -105,15 +105,17 @@ def _cpu_model() -> str:
 def environment() -> dict:
     # This project's kernels describe their runtime (interpreter or GPU, bf16 casts) when the run
     # loaded them; another implementation's run does not import them for the sake of a label.
+    from . import interpreter
     from .devices import native_gpu
 
     runtime = sys.modules.get("kernels._runtime")
     summary = runtime.runtime_summary() if runtime else {}
+    summary = summary or interpreter.loaded_runtime() or {}  # another implementation's Triton kernels
     return {
         "platform": platform_key(),
         "device": summary.get("device") or (torch.cuda.get_device_name() if native_gpu() else "cpu"),
         "backend": summary.get("backend"),
-        "bf16_casts": runtime.ensure_faithful_bf16() if runtime else None,
+        "bf16_casts": summary.get("bf16_casts"),
         "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -40,6 +40,7 @@ from types import SimpleNamespace
 
 import torch
 
+from . import interpreter
 from .ops import SPECS
 
 
@@ -233,7 +234,7 @@ def load(name: str) -> Implementation:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        target = importlib.import_module(module_name)
+        target = interpreter.prepare_for(module_name)  # on a CPU, its Triton kernels in the interpreter
     except ImportError as exc:
         raise ImplementationUnavailable(f"cannot import {module_name!r}: {exc}") from exc
     for part in attr.split("."):

@@ -116,6 +116,7 @@ def pytest_configure(config):
     _bound_shrinking()
     from oracle import engine
     from oracle.impls import ImplementationUnavailable, load
+    from oracle.ops import SPECS
 
     if _record_inflight not in engine.INFLIGHT_HOOKS:
         engine.INFLIGHT_HOOKS.append(_record_inflight)
@@ -133,7 +134,11 @@ def pytest_configure(config):
         config.oracle_ops = impl.select([op.strip() for op in wanted.split(",") if op.strip()] if wanted else None)
     except (ImplementationUnavailable, ValueError) as exc:
         raise pytest.UsageError(f"--impl {name}: {exc}") from exc
-    config.oracle_not_tested = {op: why for op, why in impl.declared_lacking().items() if impl.op(op) is None}
+    # --ops names what the run is about: the other ops are left out quietly (deselected), while a run
+    # of every op lists each one the implementation lacks, with its reason.
+    config.oracle_not_tested = {} if wanted else {op: why for op, why in impl.declared_lacking().items()
+                                                  if impl.op(op) is None}
+    config.oracle_not_asked = [op for op in SPECS if op not in config.oracle_ops] if wanted else []
 
 
 def _bound_shrinking() -> None:
@@ -176,11 +181,29 @@ def pytest_collection_modifyitems(config, items):
     from oracle.impls import load
 
     impl = load(_asked(config))
+    unasked = []
     for item in items:
-        op = getattr(getattr(item, "function", None), "oracle_op", None)
-        if op is not None and op not in config.oracle_ops:
+        op = _op_of(item)
+        if op is None or op in config.oracle_ops:
+            continue
+        if config.getoption("--ops"):
+            unasked.append(item)
+        else:
             why = impl.declared_lacking().get(op) or "not in --ops"
             item.add_marker(pytest.mark.skip(reason=f"{op} not asked of {impl.name}: {why}"))
+    if unasked:
+        config.hook.pytest_deselected(items=unasked)
+        left_out = set(unasked)
+        items[:] = [item for item in items if item not in left_out]
+
+
+def _op_of(item) -> str | None:
+    """The op a generic test tests: its function's ``oracle_op``, or a parameter's case's op."""
+    op = getattr(getattr(item, "function", None), "oracle_op", None)
+    if op is None and hasattr(item, "callspec"):
+        case = item.callspec.params.get("case")
+        op = getattr(case, "op", None)
+    return op
 
 
 def _require_active(request) -> str:
@@ -362,6 +385,9 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.section("kernel-oracle: ops not tested")
         for op, why in lacking.items():
             write(f"{op}: {name} declares it lacks it ({why})")
+    if getattr(config, "oracle_not_asked", None):
+        write(f"kernel-oracle: {len(config.oracle_not_asked)} other ops left out by --ops "
+              f"({', '.join(config.oracle_not_asked)})")
     if not _totals:
         return
     terminalreporter.section("kernel-oracle: cases run per op and dtype")
