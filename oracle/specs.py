@@ -126,7 +126,7 @@ class OpSpec:
     # distribution judgement]).
     order_noise: dict[str, Callable[[dict, dict], torch.Tensor]] = field(default_factory=dict)
 
-    # --- the built-in implementations and the benchmark (oracle/impls.py, oracle/bench.py)
+    # --- the built-in implementations and the benchmark (oracle/impls.py, oracle/bench/)
     hf: Callable | None = None  # HF's maths as the contract's callable; None: ``reference`` itself
     liger: Callable[[], Callable] | None = None  # () -> Liger-Kernel's counterpart (ImportError without
     # liger-kernel); None: Liger has none

@@ -1,4 +1,4 @@
-"""What an op module tells the benchmark (oracle/bench.py): its peers, its workloads at the shapes models
+"""What an op module tells the benchmark (oracle/bench/): its peers, its workloads at the shapes models
 train at and, for some, a sweep across widths. GPU only; nothing here runs at import time."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 RMSNorm has its own measured table: scripts/tune_rms_norm.py).
 
 Each knob is a module-level function or constant of kernels/*.py, patched in turn; the shapes are
-the benchmark's (oracle/bench.py). Used to choose the defaults, not by the package itself.
+the benchmark's (oracle/bench/). Used to choose the defaults, not by the package itself.
 """
 
 from __future__ import annotations

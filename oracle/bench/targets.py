@@ -1,5 +1,5 @@
 """The benchmark's JSON schema and the targets it holds the kernels to: read by the benchmark
-(oracle/bench.py) and by its plot (oracle/bench_plot.py), which therefore need not import each other."""
+(oracle/bench/__init__.py) and by its plot (oracle/bench/plot.py), which therefore need not import each other."""
 
 SCHEMA = "kernel-oracle/bench/2"
 

@@ -13,8 +13,8 @@ import io
 import json
 from pathlib import Path
 
-from .bench_targets import FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, SCHEMA
-from .environment import write_text_atomic
+from .targets import FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, SCHEMA
+from ..environment import write_text_atomic
 
 FORWARD_LINES = ("kernels", "compile", "liger", "eager")
 FWD_BWD_LINES = ("kernels", "compile", "liger")

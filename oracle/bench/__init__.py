@@ -28,7 +28,7 @@ Note [How fwd+bwd is measured]
 ``targets`` evaluates the performance issue's targets on this one run (``target`` lines and a summary);
 ``--gate`` compares kernels' GPU-time ratios to torch.compile, at model shapes and every sweep row, with the
 committed benchmark and exits 1 when one grew by more than 10%. ``--plot`` renders a stored run's sweep
-(oracle/bench_plot.py). ``--position-check`` times only what rope's position-id range check costs per call
+(oracle/bench/plot.py). ``--position-check`` times only what rope's position-id range check costs per call
 (runs on the CPU too, in seconds) and exits: see ``position_check_cost``.
 """
 
@@ -45,18 +45,18 @@ from pathlib import Path
 
 import torch
 
-from .bench_targets import (FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, MEMORY_PEER,  # noqa: F401
+from .targets import (FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, MEMORY_PEER,  # noqa: F401
                             NARROW_BELOW, OURS, SCHEMA, WALL_TARGET)
-from .environment import environment, write_json_atomic
-from .ops import SPECS
-from .workload import Workload, forget_compiled, randn_cuda
+from ..environment import environment, write_json_atomic
+from ..ops import SPECS
+from ..workload import Workload, forget_compiled, randn_cuda
 
 GATE_MARGIN = 0.10  # a ratio to torch.compile may grow by 10% before the gate fails
 DEFAULT_BASELINE = Path("reports/bench-h200.json")
 DEFAULT_PLOT = Path("docs/bench-columns.svg")
 DEFAULT_BUDGET_S = 470  # a full run takes minutes; callers give it ~540 s, startup and the last workload included
 
-# The schema and the targets (see ``targets``) live in bench_targets, which the plot reads too.
+# The schema and the targets (see ``targets``) live in oracle/bench/targets.py, which the plot reads too.
 
 GRAPH_REP_MS = 50  # ms per CUDA-graph replay: ten replays of many calls each are steady, and the run stays short
 HOST_CALLS, HOST_LOOPS = 30, 7  # 30 calls keep even eager's launches below the CUDA launch queue's depth
@@ -242,7 +242,7 @@ def rope_check_share(dtype=torch.bfloat16, batch=4, heads=32, kv_heads=8, seq=40
 
     import kernels
 
-    from .ops.rope import packed_positions, rotary_table
+    from ..ops.rope import packed_positions, rotary_table
 
     rope_module = importlib.import_module("kernels.rope")  # the module: ``kernels.rope`` is the function
     Q = randn_cuda(batch, heads, seq, head_dim, dtype=dtype)
@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.widths is not None and (args.quick or args.no_sweep):
         usage.error("--widths picks the sweep's widths; --quick and --no-sweep leave the sweep out")
     if args.plot is not None:
-        from .bench_plot import BenchFileError, plot_columns
+        from .plot import BenchFileError, plot_columns
 
         try:
             plot_columns(args.plot, args.out or DEFAULT_PLOT)
@@ -586,6 +586,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if report.regressions else 0
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m oracle.bench``: the benchmark's command line (its options: ``--help``)."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
