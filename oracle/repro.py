@@ -22,8 +22,8 @@ from .registry import DeclarationError, load_declared
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m oracle.repro", description=__doc__.splitlines()[0])
     parser.add_argument("case", help="the case as printed by a failure (JSON)")
-    parser.add_argument("--impl", default="kernels", help="kernels, hf, compile, liger or package.module:attr")
-    parser.add_argument("--device", default=None, help="torch device (default: the kernels' device)")
+    parser.add_argument("--impl", default="kernels", help="kernels, hf, compile, liger, unsloth, unsloth-inplace or package.module:attr")
+    parser.add_argument("--device", default=None, help="torch device (default: the harness's, a GPU if there is one, else the CPU)")
     parser.add_argument("--check", default=None, choices=sorted(aliasing.CHECKS), help="run one aliasing check")
     parser.add_argument("--op-module", action="append", default=[], metavar="MODULE",
                         help="a module of op declarations the case's op comes from")

@@ -122,3 +122,13 @@ def test_ops_an_implementation_declares_lacking_are_listed_not_swept(tmp_path):
     assert "not written yet" in (tmp_path / "run.html").read_text()
     refused = report(tmp_path, "--impl", partial, "--ops", "rms_norm", name="refused")
     assert refused.returncode == 2 and "declares it lacks rms_norm" in refused.stdout, refused.stdout + refused.stderr
+
+
+@pytest.mark.parametrize("workers", ["0", "-2", "two"])
+def test_workers_must_be_a_positive_count(workers):
+    from oracle.report.__main__ import parse
+
+    with pytest.raises(SystemExit) as exit_:
+        parse(["--workers", workers])
+    assert exit_.value.code == 2
+    assert parse(["--workers", "3"]).workers == 3

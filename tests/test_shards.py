@@ -78,3 +78,21 @@ def test_a_missing_shard_is_not_judged_and_not_a_pass(sharded, whole, tmp_path):
                            whole["baseline"]], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "in shard 3/3, which is missing" in proc.stdout and "shard(s) 3/3 missing" in proc.stdout
+
+
+def _shard_document(index: int, **environment) -> dict:
+    from oracle.report.results import SCHEMA
+
+    env = {"platform": "cpu-interpreter", "host_maths": {"digest": "aaaa"}, "torch": "2.13.0", "triton": "3.9.0"}
+    return {"schema": SCHEMA, "impl": "kernels", "sweep": "quick", "environment": env | environment,
+            "shard": {"index": index, "count": 2}, "cells": [], "cases": [], "aliasing": [], "failures": [],
+            "baseline": {"deltas": ["stale"]}}
+
+
+@pytest.mark.parametrize("field, other", [("host_maths", {"digest": "bbbb"}), ("torch", "2.12.0"),
+                                          ("platform", "cuda-NVIDIA-H200")])
+def test_shards_of_different_machinery_are_not_merged(field, other):
+    merged = shards.merge([_shard_document(1), _shard_document(2)], ["a.json", "b.json"])
+    assert merged["shards"]["missing"] == [] and "baseline" not in merged
+    with pytest.raises(ValueError, match="b.json ran with another"):
+        shards.merge([_shard_document(1), _shard_document(2, **{field: other})], ["a.json", "b.json"])

@@ -40,10 +40,16 @@ def _declared_ops(argv) -> None:
     load_declared(known.op_module)
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
 def parse(argv):
     _declared_ops(argv)
     parser = argparse.ArgumentParser(prog="python -m oracle.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--impl", default="kernels", help="kernels (default), hf, compile, liger or package.module:attr")
+    parser.add_argument("--impl", default="kernels", help="kernels (default), hf, compile, liger, unsloth, unsloth-inplace or package.module:attr")
     parser.add_argument("--op-module", action="append", default=[], metavar="MODULE",
                         help="a module of op declarations (oracle.declare.Op) to sweep like the built-in ops; repeatable")
     parser.add_argument("--noise-model", choices=("declared", "derived"),
@@ -63,7 +69,7 @@ def parse(argv):
     parser.add_argument("--baseline", type=Path, help="compare with this run (default reports/baseline-<platform>.json)")
     parser.add_argument("--gate", action="store_true", help="exit 1 if any cell regressed against the baseline")
     parser.add_argument("--update-baseline", action="store_true", help="store this run as the platform's baseline")
-    parser.add_argument("--workers", type=int, help="worker processes (default: CPU cores, or 2 per GPU)")
+    parser.add_argument("--workers", type=_positive, help="worker processes (default: the CPU cores, at most 8, or 2 per GPU)")
     parser.add_argument("--from-json", type=Path, help="render a stored run's table and dashboard again (no sweep)")
     parser.add_argument("--shard", metavar="K/N", help="run the K-th of N deterministic parts of the sweep (a CI job matrix)")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",

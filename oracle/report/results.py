@@ -1,4 +1,4 @@
-"""The report document: one JSON object (schema ``kernel-oracle/drift/2``, documented in the README)
+"""The report document: one JSON object (schema ``kernel-oracle/drift/3``, documented in docs/reference/json-schema.md)
 that the terminal table, the HTML dashboard, the gate and the committed baselines all read; a
 baseline is the document in the stable form of ``baseline_view``."""
 

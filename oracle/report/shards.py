@@ -42,6 +42,16 @@ def select(tasks: list, index: int, count: int) -> list:
     return [task for task in tasks if task_shard(task.case, task.check, count) == index]
 
 
+# What a shard's results depend on beside the code: shards that differ here are not one run's parts (a
+# CI matrix spread over AVX2 and AVX-512 hosts, say), and the merged run's environment is the first's.
+_SAME_MACHINERY = {
+    "platform": lambda env: env.get("platform"),
+    "host maths": lambda env: (env.get("host_maths") or {}).get("digest"),
+    "torch": lambda env: env.get("torch"),
+    "triton": lambda env: env.get("triton"),
+}
+
+
 def merge(documents: list[dict], names: list[str]) -> dict:
     """One document from the shards of one run; ``shards`` says which were there and which not."""
     if not documents:
@@ -60,8 +70,10 @@ def merge(documents: list[dict], names: list[str]) -> dict:
             if document.get(field) != first.get(field):
                 raise ValueError(f"{name} is a shard of another run: its {field} is {document.get(field)!r}, "
                                  f"{names[0]}'s {first.get(field)!r}")
-        if document["environment"].get("platform") != first["environment"].get("platform"):
-            raise ValueError(f"{name} ran on another platform than {names[0]}")
+        for what, read in _SAME_MACHINERY.items():
+            if read(document["environment"]) != read(first["environment"]):
+                raise ValueError(f"{name} ran with another {what} than {names[0]} ({read(document['environment'])!r}, "
+                                 f"not {read(first['environment'])!r}): its cells are not the same run's")
     if len(counts) != 1:
         raise ValueError(f"the shards split the sweep differently: into {sorted(counts)} parts")
     count = counts.pop()
@@ -74,7 +86,9 @@ def merge(documents: list[dict], names: list[str]) -> dict:
     cases = [r for d in documents for r in d["cases"]]
     checks = [c for d in documents for c in d["aliasing"]]
     return {
-        **{k: v for k, v in first.items() if k not in ("cells", "cases", "aliasing", "failures", "summary", "shard")},
+        # a shard run with --gate holds its own comparison: the merged run is compared afresh
+        **{k: v for k, v in first.items()
+           if k not in ("cells", "cases", "aliasing", "failures", "summary", "shard", "baseline")},
         "seconds": sum(d.get("seconds", 0.0) for d in documents),
         "summary": summarize(cells, checks, cases),
         "cells": cells, "cases": cases, "aliasing": checks,
