@@ -107,6 +107,7 @@ def environment() -> dict:
     # loaded them; another implementation's run does not import them for the sake of a label.
     from . import interpreter
     from .devices import native_gpu
+    from .engine import noise_rule
 
     runtime = sys.modules.get("kernels._runtime")
     summary = runtime.runtime_summary() if runtime else {}
@@ -125,6 +126,7 @@ def environment() -> dict:
         "cuda": torch.version.cuda,
         "host": platform.node(),
         "host_maths": host_maths(),
+        "noise_model": noise_rule(),  # the verdicts were judged by it (ORACLE_NOISE_MODEL)
         "commit": git_commit(),
     }
 

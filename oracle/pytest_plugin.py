@@ -124,6 +124,10 @@ def pytest_configure(config):
 
     if config.getoption("--noise-model"):
         os.environ["ORACLE_NOISE_MODEL"] = config.getoption("--noise-model")  # the workers' too
+    try:
+        engine.noise_rule()  # a bad ORACLE_NOISE_MODEL stops the session, not every case one by one
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from exc
     wanted = config.getoption("--ops")
     try:
         load_declared(list(config.getini("oracle_op_modules")) + list(config.getoption("--op-module")))

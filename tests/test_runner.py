@@ -4,6 +4,7 @@ has no float64 path; ops left out are listed."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,15 @@ def test_an_implementation_that_cannot_answer_fails_the_session(impl, says):
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
     assert f"--impl {impl}: " in out and all(part in out for part in says), out
     assert "passed" not in out and "skipped" not in out, out
+
+
+def test_an_unknown_noise_model_fails_the_session():
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/test_ops.py",
+                           "--ops", "swiglu_fg_kernel", "--co"], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "ORACLE_NOISE_MODEL": "tight"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
+    assert "ORACLE_NOISE_MODEL must be one of declared, derived, got 'tight'" in out, out
 
 
 def test_misnamed_ops_are_named_and_missing_ones_can_be_left_out_with_ops():

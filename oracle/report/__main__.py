@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..cases import FLOAT_DTYPES
+from .. import engine
 from ..devices import native_gpu
 from ..environment import environment, platform_key, write_json_atomic, write_text_atomic
 from ..impls import ImplementationUnavailable, load
@@ -112,7 +113,8 @@ def main(argv=None) -> int:
         # a baseline about to be written for the first time has nothing to compare with yet.
         wanted = args.gate or (args.baseline and not args.update_baseline) or \
             (args.update_baseline and baseline_path.exists())
-        baseline = gate.load_baseline(baseline_path, platform) if wanted else None
+        noise_model = gate.run_noise_model(stored) if stored else engine.noise_rule()
+        baseline = gate.load_baseline(baseline_path, platform, noise_model) if wanted else None
         if baseline and args.gate:  # fail now, not after the sweep, when nothing could be judged
             run_keys = {(c.get("key"), c.get("identity")) for c in stored["cells"]} if stored else \
                 results.cell_keys(tasks)

@@ -77,14 +77,14 @@ def default_baseline(platform: str) -> Path:
     return Path("reports") / f"baseline-{platform}.json"
 
 
-def load_baseline(path: Path, platform: str) -> dict:
+def load_baseline(path: Path, platform: str, noise_model: str | None = None) -> dict:
     try:
         document = json.loads(Path(path).read_text())
     except FileNotFoundError as exc:
         raise BaselineError(f"no baseline at {path}; create one with --update-baseline") from exc
     except (OSError, json.JSONDecodeError) as exc:
         raise BaselineError(f"baseline {path} is not readable JSON: {exc}") from exc
-    problem = baseline_problem(document, platform)
+    problem = baseline_problem(document, platform, noise_model)
     if problem:
         raise BaselineError(f"baseline {path}: {problem}")
     return document
@@ -92,8 +92,9 @@ def load_baseline(path: Path, platform: str) -> dict:
 
 # --- validation: the first problem, as a clause that follows the file's name ----------------------
 
-def baseline_problem(document, platform: str) -> str | None:
-    """Why ``document`` cannot serve as this platform's baseline, or None."""
+def baseline_problem(document, platform: str, noise_model: str | None = None) -> str | None:
+    """Why ``document`` cannot serve as this platform's baseline for a run judged by ``noise_model``
+    (None: any), or None."""
     if not isinstance(document, dict):
         return "the file is not a JSON object"
     if document.get("schema") != SCHEMA:
@@ -103,7 +104,16 @@ def baseline_problem(document, platform: str) -> str | None:
     if theirs != platform:
         return (f"it was made on {theirs!r}, this run is on {platform!r}; "
                 "results differ legitimately between platforms, so pick that platform's baseline")
+    judged_by = run_noise_model(document)
+    if noise_model is not None and judged_by != noise_model:
+        return (f"its verdicts were judged by the {judged_by} noise model, this run's by the {noise_model} one; "
+                "a cell passes or fails by its model's bounds, so compare runs of one model")
     return structure_problem(document)
+
+
+def run_noise_model(document: dict) -> str:
+    """The noise model a run's verdicts were judged by (runs that predate the record: the default)."""
+    return (document.get("environment") or {}).get("noise_model") or "declared"
 
 
 def structure_problem(document: dict) -> str | None:

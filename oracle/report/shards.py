@@ -49,6 +49,7 @@ _SAME_MACHINERY = {
     "host maths": lambda env: (env.get("host_maths") or {}).get("digest"),
     "torch": lambda env: env.get("torch"),
     "triton": lambda env: env.get("triton"),
+    "noise model": lambda env: env.get("noise_model") or "declared",
 }
 
 
