@@ -69,13 +69,20 @@ class Dim:
     - ``special``: sizes that break kernels (1, primes, block edges), drawn two times in three;
     - ``programs``: this size counts independent programs (rows, tokens). A third of the drawn cases
       take it past the kernels' tiles (64, 128, 256); cases at scale are judged on a slice along it.
-      Every tensor holding it holds it first.
+      Every tensor holding it holds it first;
+    - ``multiple``: every size is a multiple of it (a head dim that is rotated in halves: 2).
     """
 
     low: int = 1
     high: int = 1024
     special: tuple[int, ...] = ()
     programs: bool = False
+    multiple: int = 1
+
+    def fit(self, n: int) -> int:
+        """The size nearest below ``n`` that the dim allows (at least its smallest)."""
+        n = (min(self.high, max(self.low, n)) // self.multiple) * self.multiple
+        return n if n >= self.low else n + self.multiple
 
 
 @dataclass(frozen=True)
@@ -247,6 +254,11 @@ def _validate(op: Op) -> None:
             fail(f"dims[{name!r}]", f"must be an oracle.declare.Dim, got {type(dim).__name__}")
         if not 1 <= dim.low <= dim.high:
             fail(f"dims[{name!r}]", f"needs 1 <= low <= high, got low={dim.low} high={dim.high}")
+        if not isinstance(dim.multiple, int) or dim.multiple < 1 or dim.fit(dim.low) > dim.high:
+            fail(f"dims[{name!r}]", f"multiple={dim.multiple!r} leaves no size in [{dim.low}, {dim.high}]")
+        odd = [size for size in dim.special if size % dim.multiple]
+        if odd:
+            fail(f"dims[{name!r}]", f"special sizes {odd} are not multiples of {dim.multiple}")
     if sum(dim.programs for dim in op.dims.values()) > 1:
         fail("dims", "at most one Dim counts programs")
     for name in op.params:
@@ -334,20 +346,21 @@ def _fit(op: Op, dims: dict, elements: int, programs: int | None) -> dict:
     dims = dict(dims)
     p = op.programs_dim
     if p is not None and programs is not None:
-        dims[p] = max(op.dims[p].low, min(dims[p], programs))
+        dims[p] = op.dims[p].fit(min(dims[p], programs))
     while _largest(op, dims) > elements:
-        shrinkable = [n for n in dims if dims[n] > op.dims[n].low and n != p] or \
-                     [n for n in dims if dims[n] > op.dims[n].low]
+        halvable = [n for n in dims if op.dims[n].fit(dims[n] // 2) < dims[n]]
+        shrinkable = [n for n in halvable if n != p] or halvable
         if not shrinkable:
             break
         biggest = max(shrinkable, key=lambda n: dims[n])
-        dims[biggest] = max(op.dims[biggest].low, dims[biggest] // 2)
+        dims[biggest] = op.dims[biggest].fit(dims[biggest] // 2)
     return dims
 
 
 def _size(dim: Dim) -> st.SearchStrategy[int]:
     special = [s for s in dim.special if dim.low <= s <= dim.high]
-    plain = st.integers(dim.low, dim.high)
+    m = dim.multiple
+    plain = st.integers(-(-dim.low // m), dim.high // m).map(lambda k: k * m)
     return st.one_of(st.sampled_from(special), st.sampled_from(special), plain) if special else plain
 
 
@@ -375,7 +388,7 @@ def _cases(op: Op, budget: Budget, dtypes) -> st.SearchStrategy[Case]:
         long = p is not None and draw(C.is_long())
         sizes = {name: draw(_size(dim)) for name, dim in op.dims.items()}
         if long:
-            sizes[p] = min(op.dims[p].high, max(op.dims[p].low, draw(long_counts(budget))))
+            sizes[p] = op.dims[p].fit(draw(long_counts(budget)))
             sizes = _fit(op, sizes, budget.long_elements, None)
         else:
             sizes = _fit(op, sizes, budget.elements, budget.programs)
@@ -394,20 +407,20 @@ def _short(op: Op, i: int) -> dict:
     sizes = {}
     for j, (name, dim) in enumerate(op.dims.items()):
         size = 3 if dim.programs else _SHORT_SIZES[(i + j) % len(_SHORT_SIZES)]
-        sizes[name] = min(dim.high, max(dim.low, size))
+        sizes[name] = dim.fit(size)
     return sizes
 
 
 def _long(op: Op, i: int, budget: Budget) -> dict:
     """Past the tiles: the programs dim just past a tile boundary, the others small; with no
     programs dim, every size doubled until a tensor holds more than four 1024-element blocks."""
-    sizes = {name: min(dim.high, max(dim.low, 5 + i)) for name, dim in op.dims.items()}
+    sizes = {name: dim.fit(5 + i) for name, dim in op.dims.items()}
     p = op.programs_dim
     if p is not None:
-        sizes[p] = min(op.dims[p].high, max(op.dims[p].low, C.long_rows(i // 2, budget)))
+        sizes[p] = op.dims[p].fit(C.long_rows(i // 2, budget))
         return _fit(op, sizes, budget.long_elements, None)
-    while _largest(op, sizes) <= 4 * 1024 and any(sizes[n] < op.dims[n].high for n in sizes):
-        sizes = {n: min(op.dims[n].high, 2 * s) for n, s in sizes.items()}
+    while _largest(op, sizes) <= 4 * 1024 and any(op.dims[n].fit(2 * s) > s for n, s in sizes.items()):
+        sizes = {n: op.dims[n].fit(2 * s) for n, s in sizes.items()}
     return sizes
 
 
@@ -437,12 +450,11 @@ def _default_grid(op: Op, full: bool) -> list[dict]:
     """Small, medium and long sizes: every dim at a small size, at a medium one, and (with a
     programs dim) many programs of small rows; the full grid's are larger."""
     medium = 4097 if full else 1000
-    grids = [{n: min(d.high, max(d.low, 7)) for n, d in op.dims.items()},
-             {n: min(d.high, max(d.low, 24 if d.programs else medium)) for n, d in op.dims.items()}]
+    grids = [{n: d.fit(7) for n, d in op.dims.items()},
+             {n: d.fit(24 if d.programs else medium) for n, d in op.dims.items()}]
     p = op.programs_dim
     if p is not None:
-        grids.append({n: min(d.high, max(d.low, (4100 if full else 300) if d.programs else 16))
-                      for n, d in op.dims.items()})
+        grids.append({n: d.fit((4100 if full else 300) if d.programs else 16) for n, d in op.dims.items()})
     budget = C.GPU_BUDGET if full else C.CPU_BUDGET
     return [_fit(op, g, budget.elements if full else 2**15, None) for g in grids]
 

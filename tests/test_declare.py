@@ -46,6 +46,10 @@ MALFORMED = {
     "a scale grid without programs": (dict(dims={"rows": Dim(), "cols": Dim()}, scale=({"rows": 8, "cols": 8},)),
                                       "scale: a scale grid needs a Dim with programs=True", None),
     "noise for a tensor not compared": (dict(noise={"dZ": lambda a, u: 0}), r"noise: names \['dZ'\]", None),
+    "a multiple with no size in range": (dict(dims={"rows": Dim(), "cols": Dim(3, 5, multiple=8)}),
+                                         r"dims\['cols'\]: multiple=8 leaves no size in \[3, 5\]", None),
+    "special sizes off the multiple": (dict(dims={"rows": Dim(), "cols": Dim(2, 64, special=(2, 7), multiple=2)}),
+                                       r"dims\['cols'\]: special sizes \[7\] are not multiples of 2", None),
 }
 
 
@@ -84,6 +88,25 @@ def test_cases_fit_the_budget_and_draw_integers_inside_their_dims():
         target = args["t"]
         assert bool(((target >= 0) & (target < case.dims["vocab"]) | (target == -100)).all())
     assert op.spec.programs is None  # no scale grid: nothing is judged on a slice
+
+
+def test_every_size_of_a_dim_with_a_multiple_is_one():
+    """A head dim rotated in halves: drawn, stratified, swept and shrunk to fit, always even."""
+    from hypothesis import given, settings
+
+    op = _softmax(dims={"rows": Dim(1, 300, programs=True), "cols": Dim(2, 4095, special=(2, 128, 1000), multiple=2)})
+    sizes = [case.dims["cols"] for case in op.spec.stratified("float32", CPU_BUDGET)]
+    sizes += [case.dims["cols"] for case in op.spec.sweep(False) + op.spec.sweep(True)]
+
+    @settings(max_examples=60, database=None, derandomize=True)
+    @given(op.spec.cases(CPU_BUDGET, ("float32",)))
+    def drawn(case):
+        sizes.append(case.dims["cols"])
+
+    drawn()
+    assert sizes and all(size % 2 == 0 and 2 <= size <= 4095 for size in sizes), sorted(set(sizes))
+    assert len(set(sizes)) > 3
+    assert Dim(1, 7).fit(100) == 7 and Dim(3, 9, multiple=4).fit(1) == 4 and Dim(3, 9, multiple=4).fit(9) == 8
 
 
 def test_a_kernelbench_problem_becomes_a_declaration():
