@@ -107,7 +107,8 @@ class Integers:
 class Tensor:
     """One tensor argument.
 
-    - ``dims``: its sizes, outermost first: names of the op's ``Dim``s, or fixed ints;
+    - ``dims``: its sizes, outermost first: names of the op's ``Dim``s, ``(name, k)`` for k times a
+      dim's size (a head dim twice the rotary tables' half), or fixed ints;
     - ``dtype``: ``"case"`` (the case's dtype: float16, bfloat16, float32, float64), or a fixed one
       (``"float32"``, ``torch.int64``, ...);
     - ``values``: ``"case"`` (the case's kind: normal, large, tiny, zero_rows, outliers, nonfinite),
@@ -140,7 +141,8 @@ class Tensor:
         return self.dtype == "case" or self.dtype_in("float32").is_floating_point
 
     def shape(self, dims: dict) -> tuple[int, ...]:
-        return tuple(dims[d] if isinstance(d, str) else d for d in self.dims)
+        return tuple(dims[d] if isinstance(d, str) else dims[d[0]] * d[1] if isinstance(d, tuple) else d
+                     for d in self.dims)
 
 
 @dataclass(frozen=True, eq=False)
@@ -237,10 +239,12 @@ def _validate(op: Op) -> None:
         if not name.isidentifier():
             fail(f"inputs[{name!r}]", "the name must be an identifier")
         for d in tensor.dims:
-            if isinstance(d, str) and d not in op.dims:
-                fail(f"inputs[{name!r}].dims", f"{d!r} is not one of dims ({', '.join(op.dims) or 'none declared'})")
-            if not isinstance(d, (str, int)) or isinstance(d, bool):
-                fail(f"inputs[{name!r}].dims", f"{d!r} must be a dim's name or an int")
+            scaled = isinstance(d, tuple) and len(d) == 2 and isinstance(d[1], int) and d[1] >= 1
+            named = d[0] if scaled else d
+            if isinstance(named, str) and named not in op.dims:
+                fail(f"inputs[{name!r}].dims", f"{named!r} is not one of dims ({', '.join(op.dims) or 'none declared'})")
+            if not (scaled and isinstance(named, str)) and (not isinstance(d, (str, int)) or isinstance(d, bool)):
+                fail(f"inputs[{name!r}].dims", f"{d!r} must be a dim's name, (a name, a factor) or an int")
         if isinstance(tensor.values, str) and tensor.values != "case" and \
                 tensor.values not in VALUE_KINDS and tensor.values not in PARAMETER_VALUES:
             fail(f"inputs[{name!r}].values", f"{tensor.values!r} is none of 'case', {', '.join(VALUE_KINDS)}, "

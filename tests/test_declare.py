@@ -48,6 +48,10 @@ MALFORMED = {
     "noise for a tensor not compared": (dict(noise={"dZ": lambda a, u: 0}), r"noise: names \['dZ'\]", None),
     "a multiple with no size in range": (dict(dims={"rows": Dim(), "cols": Dim(3, 5, multiple=8)}),
                                          r"dims\['cols'\]: multiple=8 leaves no size in \[3, 5\]", None),
+    "a scaled dim with a bad factor": (dict(inputs={"X": Tensor("rows", ("cols", 0))}),
+                                      r"inputs\['X'\].dims: \('cols', 0\) must be a dim's name", None),
+    "a scaled unknown dim": (dict(inputs={"X": Tensor("rows", ("width", 2))}),
+                             r"inputs\['X'\].dims: 'width' is not one of dims", None),
     "special sizes off the multiple": (dict(dims={"rows": Dim(), "cols": Dim(2, 64, special=(2, 7), multiple=2)}),
                                        r"dims\['cols'\]: special sizes \[7\] are not multiples of 2", None),
 }
@@ -107,6 +111,16 @@ def test_every_size_of_a_dim_with_a_multiple_is_one():
     assert sizes and all(size % 2 == 0 and 2 <= size <= 4095 for size in sizes), sorted(set(sizes))
     assert len(set(sizes)) > 3
     assert Dim(1, 7).fit(100) == 7 and Dim(3, 9, multiple=4).fit(1) == 4 and Dim(3, 9, multiple=4).fit(9) == 8
+
+
+def test_a_dim_scaled_by_a_factor_keeps_tensors_consistent():
+    """x's last dim twice the tables' (RoPE's halves), whatever size each case draws."""
+    op = Op("rotate_halves_declared_here", reference=lambda x, c: x * c.repeat(1, 2),
+            inputs={"x": Tensor("rows", ("half", 2)), "c": Tensor("rows", "half", values="weight")},
+            dims={"rows": Dim(1, 64, programs=True), "half": Dim(1, 64, special=(1, 40))}, outputs=("y",))
+    for case in op.spec.stratified("float32", CPU_BUDGET) + op.spec.sweep(False):
+        args = op.spec.make_args(case, CPU)
+        assert args["x"].shape[-1] == 2 * args["c"].shape[-1] == 2 * case.dims["half"]
 
 
 def test_a_kernelbench_problem_becomes_a_declaration():
