@@ -412,6 +412,8 @@ def _short(op: Op, i: int) -> dict:
     for j, (name, dim) in enumerate(op.dims.items()):
         size = 3 if dim.programs else _SHORT_SIZES[(i + j) % len(_SHORT_SIZES)]
         sizes[name] = dim.fit(size)
+    if op.programs_dim is None:  # short as _is_long measures it: at most four 1024-element blocks
+        sizes = _fit(op, sizes, 4 * 1024, None)
     return sizes
 
 

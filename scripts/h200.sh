@@ -7,6 +7,7 @@
 #   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
 #   bash scripts/h200.sh unsloth-tests unsloth-report   # .whl holds unsloth and unsloth_zoo 2026.10.9
 #   bash scripts/h200.sh scale sanitize                 # the full sweep + scale grid as the baseline; compute-sanitizer
+#   bash scripts/h200.sh flash-attn-tests               # carry .peers: flash-attn's sdist and einops (peers/flash_attn_triton)
 # With several GPUs, `monitor` logs each GPU's utilisation and memory every 2 s until the call ends.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -49,6 +50,13 @@ for step in "$@"; do
         2>&1 | tee "$OUT/pytest-unsloth-h200.log" | tail -30
       CI=true timeout 200 python3 -m pytest -n auto -p no:cacheprovider tests/test_ops.py --impl unsloth-inplace \
         2>&1 | tee "$OUT/pytest-unsloth-inplace-h200.log" | tail -15;;
+    flash-attn-tests)  # flash-attn's Triton kernels (peers/flash_attn_triton): carry .peers, its sdist and einops' wheel
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .peers/einops-*.whl 2>&1 \
+        | grep -v "already exists" || true
+      PYTHONPATH="$PWD:/tmp/site" FLASH_ATTN_SOURCE=$(ls .peers/flash_attn-*.tar.gz) CI=true timeout ${PEERS_TIMEOUT:-200} \
+        python3 -m pytest -n auto -q -p no:cacheprovider --pyargs oracle.suite --op-module peers.flash_attn_triton.ops \
+        --impl peers.flash_attn_triton.impl:impl --ops fa_rotary,fa_rotary_varlen,fa_add_rms_norm,fa_add_layer_norm 2>&1 \
+        | tee "$OUT/pytest-flash-attn-h200.log" | tail -40;;
     unsloth-report)
       timeout ${REPORT_TIMEOUT:-300} python3 -m oracle.report --impl unsloth --full --json "$OUT/drift-unsloth-h200.json" \
         --html "$OUT/drift-unsloth-h200.html" 2>&1 | tee "$OUT/report-unsloth-h200.log" | tail -40;;
