@@ -131,6 +131,24 @@ def environment() -> dict:
     }
 
 
+def separate_compile_caches() -> str:
+    """Point Inductor's on-disk cache at a directory of this CPU capability, unless one is chosen.
+
+    torch 2.13's FX graph cache does not key its entries by the vector ISA a kernel was compiled
+    for: after a run under one ``ATEN_CPU_CAPABILITY`` (say AVX-512), a run under another (AVX2)
+    loads the first run's kernels and computes garbage (tests/declared_project's compiled
+    fused_add_rms_norm: gradients of 1e23 and more). Runs of several capabilities on one host, as
+    the suite is checked, each get a cache of their own. Returns the directory."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen:
+        return chosen
+    capability = os.environ.get("ATEN_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability()
+    user = os.environ.get("USER") or str(os.getuid())
+    directory = str(Path(tempfile.gettempdir()) / f"torchinductor_{user}_{capability.lower()}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory  # read when Inductor first compiles; workers inherit it
+    return directory
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
     """JSON written atomically (see write_text_atomic)."""
     write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=_plain) + "\n")

@@ -124,6 +124,9 @@ def pytest_configure(config):
 
     if config.getoption("--noise-model"):
         os.environ["ORACLE_NOISE_MODEL"] = config.getoption("--noise-model")  # the workers' too
+    from oracle.environment import separate_compile_caches
+
+    separate_compile_caches()
     try:
         engine.noise_rule()  # a bad ORACLE_NOISE_MODEL stops the session, not every case one by one
     except ValueError as exc:

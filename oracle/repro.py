@@ -14,6 +14,7 @@ from . import aliasing
 from .cases import Case
 from .devices import default_device
 from .engine import run_case
+from .environment import separate_compile_caches
 from .impls import ImplementationUnavailable, load
 from .ops import SPECS
 from .registry import DeclarationError, load_declared
@@ -32,6 +33,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    separate_compile_caches()
     try:
         load_declared(args.op_module)
         case = Case.from_json(args.case)

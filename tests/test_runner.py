@@ -109,3 +109,18 @@ def test_shrinking_is_bounded_so_a_failure_is_reported_within_a_minute(monkeypat
     monkeypatch.delenv("ORACLE_SHRINK_SECONDS")
     pytest_plugin._bound_shrinking()
     assert conjecture.MAX_SHRINKING_SECONDS == pytest_plugin.SHRINK_SECONDS
+
+
+def test_each_cpu_capability_gets_its_own_compile_cache(monkeypatch):
+    """Inductor's cache would serve one capability's kernels to another (oracle/environment.py)."""
+    from oracle.environment import separate_compile_caches
+
+    seen = {}
+    for capability in ("avx2", "default", "avx2"):
+        monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+        seen.setdefault(capability, set()).add(separate_compile_caches())
+    assert len(seen["avx2"]) == 1 and seen["avx2"] != seen["default"]
+    assert all(path.endswith(capability) for capability, paths in seen.items() for path in paths)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/chosen")
+    assert separate_compile_caches() == "/somewhere/chosen"
