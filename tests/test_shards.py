@@ -89,10 +89,23 @@ def _shard_document(index: int, **environment) -> dict:
             "baseline": {"deltas": ["stale"]}}
 
 
-@pytest.mark.parametrize("field, other", [("host_maths", {"digest": "bbbb"}), ("torch", "2.12.0"),
-                                          ("platform", "cuda-NVIDIA-H200")])
+@pytest.mark.parametrize("field, other", [("torch", "2.12.0"), ("platform", "cuda-NVIDIA-H200"),
+                                          ("noise_model", "derived")])
 def test_shards_of_different_machinery_are_not_merged(field, other):
     merged = shards.merge([_shard_document(1), _shard_document(2)], ["a.json", "b.json"])
     assert merged["shards"]["missing"] == [] and "baseline" not in merged
     with pytest.raises(ValueError, match="b.json ran with another"):
         shards.merge([_shard_document(1), _shard_document(2, **{field: other})], ["a.json", "b.json"])
+
+
+def test_shards_of_hosts_that_round_differently_merge_without_hf_relative_rules():
+    """A CI matrix over AVX2 and AVX-512 runners: one run, whose HF bits no single host made."""
+    from oracle.report import gate
+
+    alike = shards.merge([_shard_document(1), _shard_document(2)], ["a.json", "b.json"])
+    assert alike["environment"]["host_maths"] == {"digest": "aaaa"}
+    mixed = shards.merge([_shard_document(1), _shard_document(2, host_maths={"digest": "bbbb"})], ["a.json", "b.json"])
+    assert mixed["environment"]["host_maths"]["digest"] == "several:aaaa,bbbb"
+    baseline = {"environment": {"host_maths": {"digest": "aaaa"}}}
+    assert gate.same_host_maths(alike, baseline) and not gate.same_host_maths(mixed, baseline)
+    assert not gate.same_host_maths(alike, mixed)  # a mixed run stored as the baseline: never alike

@@ -42,15 +42,29 @@ def select(tasks: list, index: int, count: int) -> list:
     return [task for task in tasks if task_shard(task.case, task.check, count) == index]
 
 
-# What a shard's results depend on beside the code: shards that differ here are not one run's parts (a
-# CI matrix spread over AVX2 and AVX-512 hosts, say), and the merged run's environment is the first's.
+# What a shard's results depend on beside the code: shards that differ here are not one run's parts,
+# and the merged run's environment is the first's. Hosts whose vector maths differ may share a run
+# (a CI matrix over AVX2 and AVX-512 runners): see several_hosts.
 _SAME_MACHINERY = {
     "platform": lambda env: env.get("platform"),
-    "host maths": lambda env: (env.get("host_maths") or {}).get("digest"),
     "torch": lambda env: env.get("torch"),
     "triton": lambda env: env.get("triton"),
     "noise model": lambda env: env.get("noise_model") or "declared",
 }
+
+
+SEVERAL = "several:"  # a merged run's host-maths digest when its shards' hosts rounded HF differently
+
+
+def several_hosts(maths: list[dict]) -> dict:
+    """The shards' host maths, as one: the first's where all agree; else a digest that equals no
+    host's, so that the gate applies no rule relative to HF's bits to the merged run (each shard's
+    HF rounded otherwise) while every rule about the implementation alone still holds."""
+    digests = sorted({m.get("digest") for m in maths if m.get("digest")})
+    if len(digests) <= 1:
+        return maths[0]
+    return {"cpu": "several hosts", "cpu_capability": "/".join(sorted({str(m.get("cpu_capability")) for m in maths})),
+            "numpy_simd": [], "digest": SEVERAL + ",".join(digests)}
 
 
 def merge(documents: list[dict], names: list[str]) -> dict:
@@ -83,6 +97,8 @@ def merge(documents: list[dict], names: list[str]) -> dict:
     if seen_twice:
         raise ValueError("a shard is given twice: " + ", ".join(f"{n} ({d['shard']['index']}/{count})"
                                                                  for d, n in zip(documents, names)))
+    environment = dict(first["environment"])
+    environment["host_maths"] = several_hosts([d["environment"].get("host_maths") or {} for d in documents])
     cells = [c for d in documents for c in d["cells"]]
     cases = [r for d in documents for r in d["cases"]]
     checks = [c for d in documents for c in d["aliasing"]]
@@ -90,6 +106,7 @@ def merge(documents: list[dict], names: list[str]) -> dict:
         # a shard run with --gate holds its own comparison: the merged run is compared afresh
         **{k: v for k, v in first.items()
            if k not in ("cells", "cases", "aliasing", "failures", "summary", "shard", "baseline")},
+        "environment": environment,
         "seconds": sum(d.get("seconds", 0.0) for d in documents),
         "summary": summarize(cells, checks, cases),
         "cells": cells, "cases": cases, "aliasing": checks,
