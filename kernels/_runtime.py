@@ -24,10 +24,8 @@ import numpy as np  # noqa: E402
 import triton  # noqa: E402
 
 
-@functools.cache  # fixed once the kernels are decorated (above), and asked on every call's path
-def interpreted() -> bool:
-    """True when kernels run under Triton's CPU interpreter."""
-    return bool(triton.knobs.runtime.interpret)
+# Fixed once triton is imported (above), and asked on every call's path.
+interpreted = functools.cache(interpreter.interpreted)
 
 
 def kernel_device() -> torch.device:

@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         # a baseline about to be written for the first time has nothing to compare with yet.
         wanted = args.gate or (args.baseline and not args.update_baseline) or \
             (args.update_baseline and baseline_path.exists())
-        noise_model = gate.run_noise_model(stored) if stored else engine.noise_rule()
+        noise_model = results.run_noise_model(stored) if stored else engine.noise_rule()
         baseline = gate.load_baseline(baseline_path, platform, noise_model) if wanted else None
         if baseline and args.gate:  # fail now, not after the sweep, when nothing could be judged
             run_keys = {(c.get("key"), c.get("identity")) for c in stored["cells"]} if stored else \

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cases import Case
-from .results import SCHEMA, case_identity
+from .results import MIXED_HOSTS, SCHEMA, case_identity, run_noise_model
 
 RATIO_MARGIN = 0.25
 RATIO_SLACK = 0.05
@@ -109,11 +109,6 @@ def baseline_problem(document, platform: str, noise_model: str | None = None) ->
         return (f"its verdicts were judged by the {judged_by} noise model, this run's by the {noise_model} one; "
                 "a cell passes or fails by its model's bounds, so compare runs of one model")
     return structure_problem(document)
-
-
-def run_noise_model(document: dict) -> str:
-    """The noise model a run's verdicts were judged by (runs that predate the record: the default)."""
-    return (document.get("environment") or {}).get("noise_model") or "declared"
 
 
 def structure_problem(document: dict) -> str | None:
@@ -259,7 +254,7 @@ def same_host_maths(current: dict, baseline: dict) -> bool:
     """Whether HF rounds alike in both runs (a baseline from before the fingerprint: assumed so; a
     run merged from hosts that round differently: never, shards.several_hosts)."""
     theirs, ours = _maths(baseline).get("digest"), _maths(current).get("digest")
-    if any(str(d).startswith("several:") for d in (theirs, ours)):
+    if any(str(d).startswith(MIXED_HOSTS) for d in (theirs, ours)):
         return False
     return theirs is None or ours is None or theirs == ours
 

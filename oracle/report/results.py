@@ -16,6 +16,7 @@ from ..ops import SPECS
 from .sweep import Task, columns_of
 
 SCHEMA = "kernel-oracle/drift/3"  # 3: each cell's data identity, the host's maths; 2: per-element metrics
+MIXED_HOSTS = "several:"  # the host-maths digest of a run merged from hosts that round HF otherwise
 
 
 def cell_key(case: Case, tensor: str) -> str:
@@ -154,3 +155,8 @@ def summarize(cells: list[dict], checks: list[dict], cases: list[dict]) -> list[
                 row["worst_element"] = max(row["worst_element"], metrics["element_max"] / metrics["element_bound"])
                 row["worst_typical"] = max(row["worst_typical"], typical_excess(metrics))
     return list(rows.values())
+
+
+def run_noise_model(document: dict) -> str:
+    """The noise model a run's verdicts were judged by (runs that predate the record: the default)."""
+    return (document.get("environment") or {}).get("noise_model") or "declared"

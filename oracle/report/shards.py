@@ -18,7 +18,7 @@ import hashlib
 import re
 
 from ..cases import Case
-from .results import SCHEMA, data_identity, summarize
+from .results import MIXED_HOSTS, SCHEMA, data_identity, run_noise_model, summarize
 
 
 def parse(text: str) -> tuple[int, int]:
@@ -46,14 +46,11 @@ def select(tasks: list, index: int, count: int) -> list:
 # and the merged run's environment is the first's. Hosts whose vector maths differ may share a run
 # (a CI matrix over AVX2 and AVX-512 runners): see several_hosts.
 _SAME_MACHINERY = {
-    "platform": lambda env: env.get("platform"),
-    "torch": lambda env: env.get("torch"),
-    "triton": lambda env: env.get("triton"),
-    "noise model": lambda env: env.get("noise_model") or "declared",
+    "platform": lambda document: document["environment"].get("platform"),
+    "torch": lambda document: document["environment"].get("torch"),
+    "triton": lambda document: document["environment"].get("triton"),
+    "noise model": run_noise_model,
 }
-
-
-SEVERAL = "several:"  # a merged run's host-maths digest when its shards' hosts rounded HF differently
 
 
 def several_hosts(maths: list[dict]) -> dict:
@@ -64,7 +61,7 @@ def several_hosts(maths: list[dict]) -> dict:
     if len(digests) <= 1:
         return maths[0]
     return {"cpu": "several hosts", "cpu_capability": "/".join(sorted({str(m.get("cpu_capability")) for m in maths})),
-            "numpy_simd": [], "digest": SEVERAL + ",".join(digests)}
+            "numpy_simd": [], "digest": MIXED_HOSTS + ",".join(digests)}
 
 
 def merge(documents: list[dict], names: list[str]) -> dict:
@@ -86,9 +83,9 @@ def merge(documents: list[dict], names: list[str]) -> dict:
                 raise ValueError(f"{name} is a shard of another run: its {field} is {document.get(field)!r}, "
                                  f"{names[0]}'s {first.get(field)!r}")
         for what, read in _SAME_MACHINERY.items():
-            if read(document["environment"]) != read(first["environment"]):
-                raise ValueError(f"{name} ran with another {what} than {names[0]} ({read(document['environment'])!r}, "
-                                 f"not {read(first['environment'])!r}): its cells are not the same run's")
+            if read(document) != read(first):
+                raise ValueError(f"{name} ran with another {what} than {names[0]} ({read(document)!r}, "
+                                 f"not {read(first)!r}): its cells are not the same run's")
     if len(counts) != 1:
         raise ValueError(f"the shards split the sweep differently: into {sorted(counts)} parts")
     count = counts.pop()
