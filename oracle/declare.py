@@ -12,7 +12,12 @@ Note [Declaring an op]
 
     An implementation is called as the reference is: ``impl.<name>(*inputs, *params)``, in the
     declared order, and returns the outputs (one tensor, or a tuple in ``outputs``' order).
-    Gradients are compared for every differentiable input, named ``"d" + input``.
+    Gradients are compared for every differentiable input, named ``"d" + input``: by default every
+    floating input, a fixed-dtype one (a float32 weight beside bfloat16 activations) included.
+
+    Every mistake in a declaration raises ``DeclarationError`` when the ``Op`` is built, naming the
+    op, the field, what was given and what is expected (as Hypothesis's ``InvalidArgument`` does):
+    one error class, which oracle.registry re-exports and oracle.impls raises for implementations.
 
     Modules of declarations are found as Note [Finding declared ops] (oracle/registry.py) says.
 
@@ -27,7 +32,7 @@ Example: LayerNorm, from a user's repository::
         inputs={"X": Tensor("rows", "cols"), "W": Tensor("cols", values="weight"),
                 "B": Tensor("cols", values="small")},
         dims={"rows": Dim(1, 64, programs=True), "cols": Dim(1, 4096, special=(1, 7, 128, 1000, 4096))},
-        params={"eps": (1e-5, 1e-6)},
+        params={"eps": Choice(1e-5, 1e-6)},
         outputs=("Y",),
     )
 """
@@ -58,7 +63,28 @@ PARAMETER_VALUES = {
 
 
 class DeclarationError(ValueError):
-    """A malformed declaration: the message names the op and the field."""
+    """Every mistake in declaring an op, a module of them or an implementation: the message names
+    where (the op, the module), the field, what was given and what is expected. The one error
+    class of the declaration API (oracle.registry and oracle.impls raise it too); a ValueError."""
+
+
+@dataclass(frozen=True, init=False)
+class Choice:
+    """A param drawn per case among ``values``: ``params={"eps": Choice(1e-5, 1e-6)}``. The
+    report's grid takes the first value and its large-values case the last."""
+
+    values: tuple
+
+    def __init__(self, *values):
+        object.__setattr__(self, "values", tuple(values))
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """A param's one value, passed as it is, a tuple included: ``params={"dim": Fixed((-1,))}``,
+    ``{"normalized_shape": Fixed((4096,))}``. A value that is no tuple needs no marker."""
+
+    value: object
 
 
 @dataclass(frozen=True)
@@ -110,10 +136,12 @@ class Tensor:
     - ``dims``: its sizes, outermost first: names of the op's ``Dim``s, ``(name, k)`` for k times a
       dim's size (a head dim twice the rotary tables' half), or fixed ints;
     - ``dtype``: ``"case"`` (the case's dtype: float16, bfloat16, float32, float64), or a fixed one
-      (``"float32"``, ``torch.int64``, ...);
+      (``"float32"``, ``torch.int64``, ...). A fixed floating dtype holds in every case but the
+      float64 ones, where every floating input is float64 (gradcheck's finite differences need it);
     - ``values``: ``"case"`` (the case's kind: normal, large, tiny, zero_rows, outliers, nonfinite),
       one kind always, a parameter's kind (PARAMETER_VALUES), an ``Integers``, or a callable
-      ``(shape, dtype, generator, device) -> tensor``;
+      ``(shape, dtype, generator, device) -> tensor``. The named kinds are floating values: an
+      integer or boolean tensor takes an ``Integers`` or a callable;
     - ``layout``: whether it is placed in the case's layout (contiguous, transposed, offset, strided);
       default: floating tensors of two or more dims.
     """
@@ -132,13 +160,21 @@ class Tensor:
     def dtype_in(self, case_dtype: str) -> torch.dtype:
         if self.dtype == "case":
             return DTYPES[case_dtype]
-        if isinstance(self.dtype, torch.dtype):
-            return self.dtype
-        return getattr(torch, self.dtype)
+        fixed = self.fixed_dtype
+        return torch.float64 if case_dtype == "float64" and fixed.is_floating_point else fixed
+
+    @property
+    def fixed_dtype(self) -> torch.dtype:
+        """The declared dtype itself (raises ValueError where it names no torch dtype)."""
+        fixed = self.dtype if isinstance(self.dtype, torch.dtype) else \
+            getattr(torch, self.dtype, None) if isinstance(self.dtype, str) else None
+        if not isinstance(fixed, torch.dtype):
+            raise ValueError(f"{self.dtype!r} is not a torch dtype")
+        return fixed
 
     @property
     def floating(self) -> bool:
-        return self.dtype == "case" or self.dtype_in("float32").is_floating_point
+        return self.dtype == "case" or self.fixed_dtype.is_floating_point
 
     def shape(self, dims: dict) -> tuple[int, ...]:
         return tuple(dims[d] if isinstance(d, str) else dims[d[0]] * d[1] if isinstance(d, tuple) else d
@@ -149,15 +185,19 @@ class Tensor:
 class Op:
     """A declared op (Note [Declaring an op]). Fields beyond the first four are optional:
 
-    - ``params``: non-tensor arguments, each a value or a tuple of values to draw from;
-    - ``differentiable``: inputs whose gradients are compared (default: every floating input);
+    - ``params``: non-tensor arguments, each a value (passed as it is), ``Choice(a, b, ...)`` (one
+      drawn per case) or ``Fixed(value)`` (a tuple passed as it is). A bare tuple of two or more
+      values reads as a ``Choice`` (the older spelling); a bare tuple of one is refused, as ambiguous;
+    - ``differentiable``: inputs whose gradients are compared (default: every floating input,
+      whatever its dtype; ``()`` for none);
     - ``outputs``: names of what the reference returns, in order;
     - ``variants``: name -> the params it fixes (``{"tanh": {"approximate": "tanh"}, ...}``);
     - ``may_clobber``: inputs an implementation may overwrite (declared in its CLOBBERS);
       ``writes_into``: output -> the input whose buffer must hold it (a raw kernel's contract);
     - ``dtypes``, ``value_kinds``: what cases are drawn in;
-    - ``sweep``, ``full_sweep``, ``scale``: the report's quick and full grids and the scale grid, as
-      dicts of sizes (default: derived from the dims; no scale grid);
+    - ``sweep``, ``full_sweep``, ``scale``: the report's quick and full grids and the scale grid, each
+      a tuple of dicts giving every dim's size: ``sweep=({"rows": 7, "cols": 7}, {"rows": 24, "cols":
+      1000})`` (default: derived from the dims; ``full_sweep`` falls back to ``sweep``; no scale grid);
     - ``noise``, ``reordered``: a hand-written noise model and reordered reference, where one is
       tighter than the derived ones (compare.py, oracle/specs.py);
     - ``error_inputs``: bad inputs and what they must give (specs.ErrorInput);
@@ -186,6 +226,9 @@ class Op:
 
     def __post_init__(self):
         _validate(self)
+        for name in _NAME_TUPLES + _GRIDS:  # a list given where a tuple belongs is kept as a tuple
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "_spec", None)
 
     @property
@@ -209,7 +252,7 @@ class Op:
     def grads(self) -> tuple[str, ...]:
         if self.differentiable is not None:
             return tuple(self.differentiable)
-        return tuple(n for n, t in self.inputs.items() if t.floating and t.dtype in ("case",))
+        return tuple(n for n, t in self.inputs.items() if t.floating)
 
     @property
     def programs_dim(self) -> str | None:
@@ -222,21 +265,37 @@ class Op:
 
 # --- validation: the first problem, naming the field ---------------------------------------------
 
+# Fields that hold names (a tuple, or a list), and the grids (tuples of dicts of sizes).
+_NAME_TUPLES = ("differentiable", "outputs", "may_clobber", "dtypes", "value_kinds")
+_GRIDS = ("sweep", "full_sweep", "scale")
+
 
 def _validate(op: Op) -> None:
     def fail(field_name: str, problem: str):
         raise DeclarationError(f"op {op.name!r}: {field_name}: {problem}")
 
+    def names(field_name: str, value, what: str) -> None:
+        """A tuple (or list) of strings; a bare string is refused, never split into characters."""
+        if isinstance(value, str):
+            fail(field_name, f"must be a tuple of {what}, got the string {value!r}; for one name write ({value!r},)")
+        if not isinstance(value, (tuple, list)):
+            fail(field_name, f"must be a tuple of {what}, got {type(value).__name__} {value!r}")
+        stray = [v for v in value if not isinstance(v, str)]
+        if stray:
+            fail(field_name, f"must be a tuple of {what}, got {tuple(value)!r}, where {stray[0]!r} is not a name")
+
     if not isinstance(op.name, str) or not op.name.isidentifier() or keyword.iskeyword(op.name):
         raise DeclarationError(f"op name must be a Python identifier (an implementation's attribute), got {op.name!r}")
     if not callable(op.reference):
         fail("reference", f"must be callable, got {type(op.reference).__name__}")
+    if not isinstance(op.dims, dict):
+        fail("dims", f"must be a dict of name -> Dim, got {type(op.dims).__name__}")
     if not isinstance(op.inputs, dict) or not op.inputs:
         fail("inputs", "must be a non-empty dict of name -> Tensor")
     for name, tensor in op.inputs.items():
         if not isinstance(tensor, Tensor):
             fail(f"inputs[{name!r}]", f"must be an oracle.declare.Tensor, got {type(tensor).__name__}")
-        if not name.isidentifier():
+        if not isinstance(name, str) or not name.isidentifier():
             fail(f"inputs[{name!r}]", "the name must be an identifier")
         for d in tensor.dims:
             scaled = isinstance(d, tuple) and len(d) == 2 and isinstance(d[1], int) and d[1] >= 1
@@ -245,14 +304,34 @@ def _validate(op: Op) -> None:
                 fail(f"inputs[{name!r}].dims", f"{named!r} is not one of dims ({', '.join(op.dims) or 'none declared'})")
             if not (scaled and isinstance(named, str)) and (not isinstance(d, (str, int)) or isinstance(d, bool)):
                 fail(f"inputs[{name!r}].dims", f"{d!r} must be a dim's name, (a name, a factor) or an int")
-        if isinstance(tensor.values, str) and tensor.values != "case" and \
-                tensor.values not in VALUE_KINDS and tensor.values not in PARAMETER_VALUES:
-            fail(f"inputs[{name!r}].values", f"{tensor.values!r} is none of 'case', {', '.join(VALUE_KINDS)}, "
-                                             f"{', '.join(PARAMETER_VALUES)}")
-        try:
-            tensor.dtype_in("float32")
-        except AttributeError:
-            fail(f"inputs[{name!r}].dtype", f"{tensor.dtype!r} is not a torch dtype")
+        if tensor.dtype != "case":
+            try:
+                tensor.fixed_dtype
+            except ValueError:
+                fail(f"inputs[{name!r}].dtype", f"{tensor.dtype!r} is not a torch dtype ('case', 'float32', "
+                                                f"torch.int64, ...)")
+        values = tensor.values
+        if isinstance(values, str):
+            if values != "case" and values not in VALUE_KINDS and values not in PARAMETER_VALUES:
+                fail(f"inputs[{name!r}].values", f"{values!r} is none of 'case', {', '.join(VALUE_KINDS)}, "
+                                                 f"{', '.join(PARAMETER_VALUES)}")
+            if not tensor.floating:
+                fail(f"inputs[{name!r}].values", f"{values!r} draws floating values, and the dtype is "
+                                                 f"{tensor.fixed_dtype}: an integer or boolean tensor takes "
+                                                 f"Integers(low, high) or a callable (shape, dtype, generator, "
+                                                 f"device) -> tensor")
+        elif isinstance(values, Integers):
+            for bound in (values.low, values.high):
+                if isinstance(bound, str) and bound not in op.dims:
+                    fail(f"inputs[{name!r}].values", f"Integers bound {bound!r} is not one of dims "
+                                                     f"({', '.join(op.dims) or 'none declared'})")
+                if not isinstance(bound, (str, int)) or isinstance(bound, bool):
+                    fail(f"inputs[{name!r}].values", f"Integers bounds are ints or dims' names, got {bound!r}")
+        elif not callable(values):
+            fail(f"inputs[{name!r}].values", f"must be a kind's name, an Integers or a callable, got "
+                                             f"{type(values).__name__} {values!r}")
+        if tensor.layout is not None and not isinstance(tensor.layout, bool):
+            fail(f"inputs[{name!r}].layout", f"must be True, False or None, got {tensor.layout!r}")
     for name, dim in op.dims.items():
         if not isinstance(dim, Dim):
             fail(f"dims[{name!r}]", f"must be an oracle.declare.Dim, got {type(dim).__name__}")
@@ -265,42 +344,79 @@ def _validate(op: Op) -> None:
             fail(f"dims[{name!r}]", f"special sizes {odd} are not multiples of {dim.multiple}")
     if sum(dim.programs for dim in op.dims.values()) > 1:
         fail("dims", "at most one Dim counts programs")
-    for name in op.params:
-        if name in op.inputs or not name.isidentifier():
+    if not isinstance(op.params, dict):
+        fail("params", f"must be a dict of name -> a value, Choice(...) or Fixed(...), got {type(op.params).__name__}")
+    for name, value in op.params.items():
+        if not isinstance(name, str) or name in op.inputs or not name.isidentifier():
             fail(f"params[{name!r}]", "must be an identifier that is not also an input")
+        if isinstance(value, Choice) and not value.values:
+            fail(f"params[{name!r}]", "Choice() needs at least one value to draw")
+        if isinstance(value, tuple) and len(value) < 2:
+            fail(f"params[{name!r}]", f"the bare tuple {value!r} is ambiguous (a bare tuple reads as a choice "
+                                      f"among its values): write Fixed({value!r}) to pass the tuple itself, or "
+                                      f"Choice(...) to draw one of several values")
+    for field_name in _NAME_TUPLES:
+        value = getattr(op, field_name)
+        if value is not None or field_name != "differentiable":
+            names(field_name, value, "input names" if field_name in ("differentiable", "may_clobber") else
+                  "output names" if field_name == "outputs" else field_name.replace("_", " "))
     floating = {n for n, t in op.inputs.items() if t.floating}
     for name in op.grads:
         if name not in floating:
             fail("differentiable", f"{name!r} is not a floating input ({', '.join(sorted(floating))})")
-    if not op.outputs or len(set(op.outputs)) != len(op.outputs) or not all(isinstance(o, str) for o in op.outputs):
-        fail("outputs", f"must be distinct names, got {op.outputs!r}")
+    if not op.outputs or len(set(op.outputs)) != len(op.outputs):
+        fail("outputs", f"must be distinct names, got {tuple(op.outputs)!r}")
     if not isinstance(op.variants, dict) or not op.variants:
         fail("variants", "must be a non-empty dict of name -> the params it fixes")
     for variant, fixed in op.variants.items():
+        if not isinstance(fixed, dict):
+            fail(f"variants[{variant!r}]", f"must be a dict of param -> its value, got {fixed!r}")
         stray = set(fixed) - set(op.params)
         if stray:
             fail(f"variants[{variant!r}]", f"fixes {sorted(stray)}, which are not params")
+        for name, value in fixed.items():
+            if isinstance(value, Choice):
+                fail(f"variants[{variant!r}][{name!r}]", f"a variant fixes one value (passed as it is), got {value!r}")
     for name in op.may_clobber:
         if name not in op.inputs:
             fail("may_clobber", f"{name!r} is not an input")
+    if not isinstance(op.writes_into, dict):
+        fail("writes_into", f"must be a dict of output -> input, got {type(op.writes_into).__name__}")
     for output, buffer in op.writes_into.items():
         if output not in op.outputs or buffer not in op.may_clobber:
             fail("writes_into", f"{output!r} -> {buffer!r} needs an output and an input in may_clobber")
     stray = set(op.dtypes) - set(FLOAT_DTYPES)
     if stray or not op.dtypes:
-        fail("dtypes", f"must be some of {', '.join(FLOAT_DTYPES)}, got {op.dtypes!r}")
+        fail("dtypes", f"must be some of {', '.join(FLOAT_DTYPES)}, got {tuple(op.dtypes)!r}")
     stray = set(op.value_kinds) - set(VALUE_KINDS)
     if stray or not op.value_kinds:
-        fail("value_kinds", f"must be some of {', '.join(VALUE_KINDS)}, got {op.value_kinds!r}")
-    for grid in ("sweep", "full_sweep", "scale"):
-        for sizes in getattr(op, grid):
+        fail("value_kinds", f"must be some of {', '.join(VALUE_KINDS)}, got {tuple(op.value_kinds)!r}")
+    for grid in _GRIDS:
+        entries = getattr(op, grid)
+        if isinstance(entries, dict):
+            fail(grid, f"must be a tuple of dicts (one per point of the grid), got one dict; write ({entries!r},)")
+        if not isinstance(entries, (tuple, list)):
+            fail(grid, f"must be a tuple of dicts of dim -> size, got {type(entries).__name__} {entries!r}")
+        for sizes in entries:
             if not isinstance(sizes, dict) or set(sizes) != set(op.dims):
                 fail(grid, f"each entry must give every dim ({', '.join(op.dims)}), got {sizes!r}")
+            bad = {d: size for d, size in sizes.items() if not isinstance(size, int) or isinstance(size, bool)
+                   or size < 1 or size % op.dims[d].multiple}
+            if bad:
+                fail(grid, f"sizes must be positive ints, each a multiple of its Dim's multiple; got {bad} in {sizes!r}")
     if op.scale and op.programs_dim is None:
         fail("scale", "a scale grid needs a Dim with programs=True to judge it on a slice")
+    if not isinstance(op.noise, dict):
+        fail("noise", f"must be a dict of compared tensor -> noise rule, got {type(op.noise).__name__}")
     stray = set(op.noise) - {*op.outputs, *("d" + n for n in op.grads)}
     if stray:
         fail("noise", f"names {sorted(stray)}, which are not compared tensors")
+    if op.reordered is not None and not callable(op.reordered):
+        fail("reordered", f"must be callable or None, got {type(op.reordered).__name__}")
+    if not callable(op.error_inputs) and not isinstance(op.error_inputs, (tuple, list)):
+        fail("error_inputs", f"must be a tuple of ErrorInput or a callable, got {type(op.error_inputs).__name__}")
+    if not isinstance(op.summary, str):
+        fail("summary", f"must be a string, got {type(op.summary).__name__}")
 
 
 # --- the OpSpec --------------------------------------------------------------------------------------
@@ -369,14 +485,19 @@ def _size(dim: Dim) -> st.SearchStrategy[int]:
 
 
 def _params(op: Op, variant: str, choose: Callable[[str, tuple], object]) -> dict:
+    """The case's params: a variant's fixed ones, ``choose(name, values)`` for each choice (a
+    ``Choice``, or a bare tuple: its older spelling), the rest as declared (``Fixed`` unwrapped)."""
     out = {}
     for name, value in op.params.items():
         if name in op.variants[variant]:
-            out[name] = op.variants[variant][name]
+            value = op.variants[variant][name]
+            out[name] = value.value if isinstance(value, Fixed) else value
+        elif isinstance(value, Choice):
+            out[name] = choose(name, value.values)
         elif isinstance(value, tuple):
             out[name] = choose(name, value)
         else:
-            out[name] = value
+            out[name] = value.value if isinstance(value, Fixed) else value
     return out
 
 

@@ -11,6 +11,12 @@ the registry, named as in ``kernels/__init__.py``) and optionally:
 - ``NO_FLOAT64``: ops that have no float64 path. Only these skip the float64 checks (gradcheck).
 - ``EXACT_MATHS``: True (or a set of ops): the implementation evaluates exp, division and square
   roots as exactly as CUDA's library does, and is judged without the room fast GPU maths has.
+- ``COMPILES``: True (or a set of ops): the ops go whole into a ``torch.compile`` graph, so that a
+  graph break fails the compile check (oracle/compile_check.py) instead of being a note.
+
+``implementation(my_op=fn, CLOBBERS=..., COMPILES=...)`` builds one from keywords (``ATTRIBUTES``
+lists the attributes it takes); its op names are checked when the harness loads it, not when it is
+built, so that a module of implementations imports before its ops' declarations are loaded.
 
 Built in:
 - ``kernels``: this project's Triton kernels (the repository's default, ``oracle_impl`` in its
@@ -41,8 +47,17 @@ from types import SimpleNamespace
 import torch
 
 from . import interpreter
+from .declare import DeclarationError
 from .ops import SPECS
 
+# What an implementation may declare beside its ops, and the form of each.
+ATTRIBUTES = {
+    "CLOBBERS": "a dict of op -> the argument names it may overwrite",
+    "LACKING": "a dict of op -> why it is not provided",
+    "NO_FLOAT64": "a collection of the ops without a float64 path",
+    "EXACT_MATHS": "True, False or a collection of the ops with exact exp, division and square roots",
+    "COMPILES": "True, False or a collection of the ops that go whole into a torch.compile graph",
+}
 
 
 def __getattr__(name: str):
@@ -53,17 +68,96 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def implementation(**ops) -> SimpleNamespace:
+def implementation(**given) -> "Partial":
     """An implementation of some ops (``implementation(layer_norm=my_layer_norm)``) that declares
-    every other op of the registry lacking. Keyword ``CLOBBERS``/``NO_FLOAT64`` pass through; an
-    unknown op name is an error, so a misspelt one cannot pass as lacking."""
-    extras = {k: ops.pop(k) for k in ("CLOBBERS", "NO_FLOAT64") if k in ops}
-    unknown = sorted(set(ops) - set(SPECS))
-    if unknown:
-        raise ValueError(f"unknown op(s) {', '.join(unknown)}: the registry's ops are {', '.join(SPECS)} (declared "
-                         "ops appear once their module is loaded: --op-module)")
-    lacking = {op: "not provided by this implementation" for op in SPECS if op not in ops}
-    return SimpleNamespace(**ops, **extras, LACKING=lacking)
+    every other op of the registry lacking. It takes every attribute of ``ATTRIBUTES`` as a keyword
+    (``CLOBBERS``, ``LACKING``, ``NO_FLOAT64``, ``EXACT_MATHS``, ``COMPILES``); any other upper-case
+    keyword, a value of the wrong form, or an op that is not callable raises DeclarationError here.
+    The op names (keywords, and those inside the attributes) are checked when the harness loads the
+    implementation (``Implementation``), once the declarations are loaded: an unknown one is an error
+    there, so that a misspelt name cannot pass as lacking."""
+    attributes = {k: given.pop(k) for k in ATTRIBUTES if k in given}
+    for name in sorted(given):
+        if name.isupper() and name not in SPECS:
+            close = difflib.get_close_matches(name, ATTRIBUTES, n=1)
+            raise DeclarationError(f"implementation({name}=...): {name} is not an attribute an implementation "
+                                   f"declares{f' (did you mean {close[0]}?)' if close else ''}; those are "
+                                   f"{', '.join(ATTRIBUTES)}")
+        if not callable(given[name]):
+            raise DeclarationError(f"implementation({name}=...): an op must be callable, got "
+                                   f"{type(given[name]).__name__} {given[name]!r}")
+    for name, value in attributes.items():
+        problem = _attribute_problem(name, value)
+        if problem is not None:
+            raise DeclarationError(f"implementation({name}=...): must be {ATTRIBUTES[name]}, got {value!r}{problem}")
+    both = sorted(set(given) & set(attributes.get("LACKING", {})))
+    if both:
+        raise DeclarationError(f"implementation(LACKING=...): {', '.join(both)} is given as an op and declared lacking")
+    return Partial(given, attributes)
+
+
+def _attribute_problem(name: str, value) -> str | None:
+    """Why ``value`` is not of ``ATTRIBUTES[name]``'s form ("" for no detail), or None."""
+    def names(collection) -> str | None:
+        if isinstance(collection, str):
+            return f" (a string is not split into names: write {{{collection!r}}})"
+        if not isinstance(collection, (set, frozenset, tuple, list)):
+            return ""
+        stray = [v for v in collection if not isinstance(v, str)]
+        return f" ({stray[0]!r} is not a name)" if stray else None
+
+    if name in ("CLOBBERS", "LACKING"):
+        if not isinstance(value, dict):
+            return ""
+        for op, entry in value.items():
+            problem = (None if isinstance(entry, str) else f" (the reason for {op!r} is not a string)") \
+                if name == "LACKING" else names(entry)
+            if problem is not None:
+                return problem or f" (CLOBBERS[{op!r}] is not a collection of names)"
+        return None
+    if name in ("EXACT_MATHS", "COMPILES") and isinstance(value, bool):
+        return None
+    return names(value)
+
+
+class Partial(SimpleNamespace):
+    """What ``implementation()`` returns: the ops given and the attributes declared, with every
+    other op of the registry LACKING, read when the harness asks (so an op declared after this
+    object was built counts). ``Implementation`` calls ``check()``."""
+
+    def __init__(self, ops: dict | None = None, attributes: dict | None = None):  # no arguments: as pickle rebuilds
+        ops, attributes = dict(ops or {}), dict(attributes or {})
+        lacking = dict(attributes.pop("LACKING", {}))
+        super().__init__(**ops, **attributes)
+        self.__dict__["_ops"] = tuple(ops)
+        self.__dict__["_lacking"] = lacking
+        self.__dict__["_attributes"] = tuple(attributes)
+
+    @property
+    def LACKING(self) -> dict[str, str]:  # noqa: N802 - the contract's name
+        return {op: self._lacking.get(op, "not provided by this implementation") for op in SPECS
+                if op not in self._ops}
+
+    def check(self) -> None:
+        """Every op named, as a keyword or inside an attribute, is a registered op."""
+        named = [(tuple(self._ops), None), (tuple(self._lacking), "LACKING")]
+        named += [(tuple(getattr(self, a)), a) for a in self._attributes if not isinstance(getattr(self, a), bool)]
+        for ops, attribute in named:
+            unknown = [op for op in ops if op not in SPECS]
+            if not unknown:
+                continue
+            where = f"{attribute}=..." if attribute else ", ".join(f"{op}=..." for op in unknown)
+            hints = "; ".join(f"did you mean {close[0]!r}?" for op in unknown
+                              if (close := difflib.get_close_matches(op, SPECS, n=1, cutoff=0.75)))
+            raise DeclarationError(
+                f"implementation({where}): {', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} "
+                f"not a registered op{f' ({hints})' if hints else ''}; the registry's ops are {', '.join(SPECS)}. "
+                "A declared op is registered once its module is loaded: --op-module or the ini option "
+                "oracle_op_modules, or oracle.registry.load_declarations(...) in a script")
+
+    def __repr__(self) -> str:
+        given = [*self._ops, *self._attributes, *(("LACKING",) if self._lacking else ())]
+        return f"implementation({', '.join(given)})"
 
 
 class ImplementationUnavailable(RuntimeError):
@@ -74,6 +168,10 @@ class ImplementationUnavailable(RuntimeError):
 class Implementation:
     name: str  # as given on the command line
     target: object
+
+    def __post_init__(self):
+        if isinstance(self.target, Partial):  # built by implementation(): its op names, now
+            self.target.check()
 
     def op(self, op: str):
         return getattr(self.target, op, None)
@@ -237,12 +335,17 @@ def load(name: str) -> Implementation:
         target = interpreter.prepare_for(module_name)  # on a CPU, its Triton kernels in the interpreter
     except ImportError as exc:
         raise ImplementationUnavailable(f"cannot import {module_name!r}: {exc}") from exc
+    except DeclarationError as exc:  # implementation(...) misused at the module's top level
+        raise DeclarationError(f"{module_name}: {exc}") from exc
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError as exc:
             raise ValueError(f"{module_name!r} has no attribute {attr!r}") from exc
-    implementation = Implementation(name, target)
+    try:
+        implementation = Implementation(name, target)
+    except DeclarationError as exc:
+        raise DeclarationError(f"{name}: {exc}") from exc
     if len(implementation.lacking()) == len(SPECS):
         raise ValueError(f"{name} exposes none of the contract's ops ({', '.join(SPECS)})"
                          f"{implementation._near_misses(list(SPECS))}")

@@ -15,16 +15,30 @@ Note [Finding declared ops]
     Registered, a declared op is in ``oracle.ops.SPECS`` like a built-in one, and everything that
     enumerates the registry (the generic suite, the report, the gate, ``--impl hf``/``compile``)
     covers it. Two declarations of one name are an error that names both places.
+
+    A plain script (no pytest, no command line) calls ``load_declarations("mylib.declared")``.
+
+    Anything wrong in a module of declarations (an exception while importing it, a malformed ``Op``,
+    no declaration at all) is a ``DeclarationError`` (oracle.declare's, the one error class) that
+    names the module, and, for an exception raised in it, the line. pytest turns it into a usage
+    error, the command-line tools into exit status 2 with the message: never a traceback.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import sys
+import traceback
 from importlib import metadata
+from pathlib import Path
 
+from .declare import DeclarationError, Op  # the one error class, re-exported
 from .ops import MODULES, SPECS
 from .specs import OpSpec
+
+__all__ = ["DeclarationError", "load_declarations", "load_declared", "load_op_modules", "register", "where"]
 
 ENTRY_POINT_GROUP = "kernel_oracle.ops"
 ENVIRONMENT = "ORACLE_OP_MODULES"
@@ -36,13 +50,9 @@ _WHERE: dict[str, str] = {spec.name: module.__name__ for module in MODULES for s
 _LOADED: set[str] = set()
 
 
-class DeclarationError(ValueError):
-    """A declaration, or a module of them, that cannot be registered: the message says which and why."""
-
-
 def register(declaration, where: str) -> OpSpec:
     """Add one declaration (an ``oracle.declare.Op`` or an ``OpSpec``) to the registry."""
-    spec = _as_spec(declaration, where)
+    spec = _as_spec(declaration)
     if spec.name in SPECS:
         if SPECS[spec.name] is spec:
             return spec
@@ -80,20 +90,65 @@ def load_declared(extra=()) -> list[str]:
     return added + load_op_modules(extra)
 
 
-def _load_module(name: str) -> list[str]:
-    import sys
+def load_declarations(*modules: str) -> list[str]:
+    """Register the declarations of ``modules`` (and, as every tool does, those of installed
+    packages' entry points and of ORACLE_OP_MODULES), for a plain script::
 
+        from oracle.registry import load_declarations
+        ops = load_declarations("mylib.declared")  # -> ["layer_norm", ...]
+
+    Then ``oracle.ops.SPECS`` holds them, ``oracle.impls.load("mylib.impls:impl")`` checks an
+    implementation of them, and ``oracle.engine.run_case`` judges a case. Returns the ops the named
+    modules declare (loaded now or before); loading a module twice registers it once. Raises
+    DeclarationError naming the module for anything wrong in it."""
+    stray = [m for m in modules if not isinstance(m, str) or not m.strip()]
+    if stray:
+        raise DeclarationError(f"load_declarations: each argument is a module's name (\"mylib.declared\"), got "
+                               f"{stray[0]!r}")
+    load_declared(modules)
+    wanted = {m.strip() for m in modules}
+    return [op for op, origin in ORIGINS.items() if origin in wanted]
+
+
+def _load_module(name: str) -> list[str]:
     if os.getcwd() not in sys.path:  # as under python -m: a module of the working directory imports
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(name)
-    except ImportError as exc:
-        raise DeclarationError(f"--op-module {name}: cannot import it: {exc}") from exc
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):  # it (or its package) is not there
+            raise DeclarationError(f"op module {name}: cannot import it: {exc}") from exc
+        raise DeclarationError(f"op module {name}: cannot import it: {exc}{_raised_in(exc, name)}") from exc
+    except DeclarationError as exc:
+        raise DeclarationError(f"op module {name}: {exc}{_raised_in(exc, name)}") from exc
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module: say which, not a traceback
+        raise DeclarationError(f"op module {name}: importing it raised {type(exc).__name__}: {exc}"
+                               f"{_raised_in(exc, name)}") from exc
     found = _declarations_in(module)
     if not found:
-        raise DeclarationError(f"--op-module {name}: it holds no declaration (an oracle.declare.Op or an OpSpec "
+        raise DeclarationError(f"op module {name}: it holds no declaration (an oracle.declare.Op or an OpSpec "
                                "at its top level)")
-    return [register(declaration, name).name for declaration in found]
+    try:
+        return [register(declaration, name).name for declaration in found]
+    except DeclarationError as exc:
+        raise DeclarationError(f"op module {name}: {exc}") from exc
+
+
+def _raised_in(exc: BaseException, module: str) -> str:
+    """`` (at path:line)``: the last line of the module's own file (or failing that, of any file
+    outside the harness and the import machinery) that the exception passed through."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    own = str(Path(spec.origin).resolve()) if spec is not None and spec.origin else None
+    harness = str(Path(__file__).resolve().parent)
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if own and str(Path(f.filename).resolve()) == own]
+    outside = [f for f in frames if not f.filename.startswith("<") and
+               not str(Path(f.filename).resolve()).startswith(harness)]
+    frame = (mine or outside or [None])[-1]
+    return f" (at {frame.filename}:{frame.lineno})" if frame is not None else ""
 
 
 _ENTRY_POINTS_LOADED = False
@@ -108,18 +163,20 @@ def _load_entry_points() -> list[str]:
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             loaded = entry.load()
-        except Exception as exc:  # noqa: BLE001 - a broken package must say which, not kill the run silently
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a broken package must say which, not kill the run silently
             raise DeclarationError(f"entry point {entry.name} = {entry.value} ({ENTRY_POINT_GROUP}): cannot load it: "
                                    f"{type(exc).__name__}: {exc}") from exc
         found = _declarations_in(loaded) if isinstance(loaded, type(os)) else \
             list(loaded) if isinstance(loaded, (list, tuple)) else [loaded]
-        added += [register(declaration, f"{entry.value} (entry point {entry.name})").name for declaration in found]
+        origin = f"{entry.value} (entry point {entry.name})"
+        try:
+            added += [register(declaration, origin).name for declaration in found]
+        except DeclarationError as exc:
+            raise DeclarationError(f"{origin}: {exc}") from exc
     return added
 
 
 def _declarations_in(module) -> list:
-    from .declare import Op
-
     found = []
     for attr, value in vars(module).items():
         if attr.startswith("_"):
@@ -132,11 +189,9 @@ def _declarations_in(module) -> list:
     return list(unique.values())
 
 
-def _as_spec(declaration, where: str) -> OpSpec:
-    from .declare import Op
-
+def _as_spec(declaration) -> OpSpec:
     if isinstance(declaration, OpSpec):
         return declaration
     if isinstance(declaration, Op):
         return declaration.spec
-    raise DeclarationError(f"{where}: {declaration!r} is not a declaration (an oracle.declare.Op or an OpSpec)")
+    raise DeclarationError(f"{declaration!r} is not a declaration (an oracle.declare.Op or an OpSpec)")
