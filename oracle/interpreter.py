@@ -16,10 +16,18 @@ Note [bf16 under the interpreter]
     this (triton issues 4972, 11584, 11604). A kernel that upcasts on load and rounds only on store
     (ours, and most hand-written ones) gets the GPU's bits once the casts are corrected.
     ``ensure_faithful_bf16`` probes the interpreter once, installs the correction when the probe
-    shows truncation, and probes again to prove the correction took. Arithmetic on bf16 values
-    inside a kernel is still the interpreter's (numpy's float32, rounded per operation), which a GPU
-    may fuse differently: a bf16 number from the CPU is trusted only for kernels that do not
-    compute in bf16 (docs/design.md §5).
+    shows truncation, and probes again to prove the correction took. Arithmetic on bf16 values is
+    the subject of oracle/interpreter_arith.py (Note [16-bit arithmetic under the interpreter]),
+    probed and proved the same way by ``ensure_faithful_16bit_arithmetic``.
+
+Note [A library's kernels as shipped]
+    ``make_faithful`` installs, once, everything else a kernel module needs to run here as it runs
+    on a GPU, with no shim of its user's: ``triton.autotune`` without a driver, one config per case
+    (oracle/autotune.py); every libdevice function, or its refusal by name
+    (oracle/interpreter_libdevice.py); scalar arguments typed as a GPU launch types them, and each
+    launch's kernel named for a refusal (oracle/interpreter_launch.py). ``prepare_for`` calls it
+    for every implementation the harness loads. ``triton.heuristics`` needs nothing: it never
+    touched the driver.
 """
 
 from __future__ import annotations
@@ -59,7 +67,8 @@ def quiet_ieee_warnings() -> None:
 
 
 def _rounding_cast_impl(original):
-    """Wrap the interpreter's cast so that casts touching bf16 use torch's conversions (RNE)."""
+    """Wrap the interpreter's cast so that casts touching bf16 use torch's conversions (RNE), from
+    floats and from integers (which the interpreter copies into the raw bits)."""
     import numpy as np
     import triton.language as tl
     from triton.runtime.interpreter import TensorHandle
@@ -76,6 +85,14 @@ def _rounding_cast_impl(original):
             bits = torch.from_numpy(np.array(src.data, copy=True).view(np.int16))
             values = bits.view(torch.bfloat16).to(torch_floats[dst_ty]).numpy()
             return TensorHandle(values, dst_ty)
+        # integers (and int1) to and from bf16: the interpreter moves the integer into the raw bits
+        if dst_ty == tl.bfloat16 and (src_ty.is_int() or src_ty.is_bool()):
+            values = torch.from_numpy(np.array(src.data, copy=True).astype(np.int64))
+            bits = values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            return TensorHandle(bits, dst_ty)
+        if src_ty == tl.bfloat16 and (dst_ty.is_int() or dst_ty.is_bool()):
+            widened = (np.array(src.data, copy=True).astype(np.uint32) << np.uint32(16)).view(np.float32)
+            return original(self, TensorHandle(widened, tl.float32), dst_type)
         return original(self, src, dst_type)
 
     cast_impl._oracle_original = original
@@ -144,6 +161,114 @@ def probe_bf16_casts() -> dict[str, float]:
     }
 
 
+# --- 16-bit arithmetic (Note [16-bit arithmetic under the interpreter], oracle/interpreter_arith.py) ------
+
+
+@functools.cache
+def _arithmetic_probe_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def probe(Out_ptr, Red_ptr, A_ptr, B_ptr, C_ptr, n, BLOCK: tl.constexpr):
+        # Out rows: a*b, a+b, a-b, a/b, -a, max(a, b), fma(a, b, c), (a < b); Red: sum, max of a, sum of c
+        i = tl.arange(0, BLOCK)
+        mask = i < n
+        a = tl.load(A_ptr + i, mask=mask, other=0.0)
+        b = tl.load(B_ptr + i, mask=mask, other=1.0)
+        c = tl.load(C_ptr + i, mask=mask, other=0.0)
+        tl.store(Out_ptr + i, a * b, mask=mask)
+        tl.store(Out_ptr + n + i, a + b, mask=mask)
+        tl.store(Out_ptr + 2 * n + i, a - b, mask=mask)
+        tl.store(Out_ptr + 3 * n + i, a / b, mask=mask)
+        tl.store(Out_ptr + 4 * n + i, -a, mask=mask)
+        tl.store(Out_ptr + 5 * n + i, tl.maximum(a, b), mask=mask)
+        tl.store(Out_ptr + 6 * n + i, tl.fma(a, b, c), mask=mask)
+        tl.store(Out_ptr + 7 * n + i, (a < b).to(a.dtype), mask=mask)
+        tl.store(Red_ptr, tl.sum(tl.where(mask, a, -0.0)))
+        tl.store(Red_ptr + 1, tl.max(tl.where(mask, a, float("-inf"))))
+        tl.store(Red_ptr + 2, tl.sum(tl.where(mask, c, -0.0)))
+
+    return probe
+
+
+def probe_16bit_arithmetic(dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
+    """Fraction of elements where the interpreter's 16-bit arithmetic differs from torch's (fp32
+    compute, rounded to ``dtype``), per operation; reductions are of values whose sums are exact."""
+    gen = torch.Generator().manual_seed(0)
+    n = 64
+    a = (torch.randn(n, generator=gen) * 3).to(dtype)
+    b = (torch.randn(n, generator=gen) + 4).to(dtype)
+    c = torch.randint(-8, 8, (n,), generator=gen).to(dtype)  # small integers: every partial sum exact
+    out = torch.empty(8 * n, dtype=dtype)
+    red = torch.empty(3, dtype=dtype)
+    _arithmetic_probe_kernel()[(1,)](out, red, a, b, c, n, BLOCK=n)
+    af, bf, cf = a.float(), b.float(), c.float()
+    want = {"mul": af * bf, "add": af + bf, "sub": af - bf, "div": af / bf, "neg": -af, "max": torch.maximum(af, bf),
+            "fma": (af.double() * bf.double() + cf.double()), "lt": (af < bf).float()}
+    got = out.view(8, n)
+    result = {}
+    for k, (name, value) in enumerate(want.items()):
+        result[name] = (got[k].view(torch.int16) != value.to(dtype).view(torch.int16)).float().mean().item()
+    result["sum_exact"] = float(red[2].item() != cf.sum().item())
+    result["max_reduce"] = float(red[1].item() != af.max().item())
+    result["sum_finite"] = float(not torch.isfinite(red[0]).item() or abs(red[0].item() - af.sum().item()) > 1.0)
+    return result
+
+
+@functools.cache
+def ensure_faithful_16bit_arithmetic() -> str:
+    """Make the interpreter's bf16 (and fp16) arithmetic what a GPU computes; returns 'native',
+    'faithful' or 'corrected' as ``ensure_faithful_bf16`` does, and raises if the probe still
+    disagrees after the correction."""
+    if not interpreted():
+        return "native"
+    ensure_faithful_bf16()
+    if not any(v for dt in (torch.bfloat16, torch.float16) for v in probe_16bit_arithmetic(dt).values()):
+        return "faithful"
+    from . import interpreter_arith
+
+    interpreter_arith.install()
+    remaining = {str(dt): {k: v for k, v in probe_16bit_arithmetic(dt).items() if v}
+                 for dt in (torch.bfloat16, torch.float16)}
+    if any(remaining.values()):
+        raise RuntimeError(f"Triton {sys.modules['triton'].__version__}'s interpreter still computes 16-bit "
+                           f"arithmetic unlike a GPU after correction: {remaining}")
+    return "corrected"
+
+
+@contextlib.contextmanager
+def uncorrected_16bit_arithmetic():
+    """Run with the interpreter's own 16-bit arithmetic (for tests proving the correction matters)."""
+    from . import interpreter_arith
+
+    ensure_faithful_16bit_arithmetic()
+    interpreter_arith.uninstall()
+    try:
+        yield
+    finally:
+        interpreter_arith.install()
+
+
+@functools.cache
+def make_faithful() -> str:
+    """Under the interpreter, install everything a kernel module needs to run here as on a GPU (Note [A
+    library's kernels as shipped]); 'native' on a GPU, where only the autotune pinning is installed
+    (inert outside ``oracle.autotune.pinned``)."""
+    from . import autotune
+
+    autotune.install()
+    if not interpreted():
+        return "native"
+    from . import interpreter_launch
+
+    quiet_ieee_warnings()
+    interpreter_launch.install()
+    ensure_faithful_bf16()
+    ensure_faithful_16bit_arithmetic()
+    return "interpreter"
+
+
 @functools.cache
 def ensure_faithful_bf16() -> str:
     """Make the interpreter's bf16 casts round like the GPU; returns how: 'native' (no interpreter),
@@ -163,17 +288,15 @@ def ensure_faithful_bf16() -> str:
 
 def prepare_for(module_name: str):
     """Import an implementation's module so that its Triton kernels run here as on a GPU: the
-    interpreter chosen before its kernels are decorated, and, if it uses Triton, the bf16 casts
-    corrected and numpy's IEEE warnings quieted. Returns the module."""
+    interpreter chosen before its kernels are decorated, and, if it uses Triton, everything of
+    ``make_faithful`` installed (Note [A library's kernels as shipped]). Returns the module."""
     import importlib
 
     choose_backend()
     module = importlib.import_module(module_name)
     if "triton" in sys.modules:
         _TRITON_USERS.add(module_name)
-        if interpreted():
-            quiet_ieee_warnings()
-            ensure_faithful_bf16()
+        make_faithful()
     return module
 
 
@@ -185,4 +308,5 @@ def loaded_runtime() -> dict[str, str] | None:
     environment; None when none was loaded with triton."""
     if not _TRITON_USERS:
         return None
-    return {"backend": "triton-interpreter" if interpreted() else "cuda", "bf16_casts": ensure_faithful_bf16()}
+    return {"backend": "triton-interpreter" if interpreted() else "cuda", "bf16_casts": ensure_faithful_bf16(),
+            "bf16_arithmetic": ensure_faithful_16bit_arithmetic()}
