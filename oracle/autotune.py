@@ -20,6 +20,8 @@ Note [One config per case]
     - every launch is recorded: ``chosen()`` says which config of which kernel ran in the current
       case, for the failure text.
     Outside ``pinned`` under the interpreter the case number is 0: the first surviving config.
+    ``case_hook`` does the same per case for the engine's in-flight hooks, numbering a case by its
+    summary (so its repro runs the config that judged it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import zlib
 
 _STATE = threading.local()
 
@@ -53,6 +56,22 @@ def pinned(case_number: int):
         yield
     finally:
         _STATE.case, _STATE.log = previous
+
+
+def case_number(case) -> int:
+    """A case's stable number (crc32 of its summary): the same case, and so its repro, runs the same
+    config; a run's cases spread over all of a kernel's configs."""
+    return zlib.crc32(case.summary().encode())
+
+
+def case_hook(case, impl_name=None) -> None:
+    """An ``oracle.engine.INFLIGHT_HOOKS`` hook: pins autotuned launches to ``case_number(case)`` from
+    the start of a case to its end (``case`` None); ``chosen()`` keeps naming the configs of the case
+    that just ended until the next one starts, for its failure text."""
+    if case is None:
+        _STATE.case = None
+    else:
+        _STATE.case, _STATE.log = case_number(case), []
 
 
 def chosen() -> list[str]:

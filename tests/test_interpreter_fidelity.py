@@ -53,6 +53,30 @@ def test_each_case_runs_one_config_cycling_through_all_of_them(k):
     assert not hasattr(k._scale_autotuned, "configs_timings")  # nothing was benchmarked
 
 
+def test_the_case_hook_pins_a_case_to_its_config_and_names_it_after_the_case(k):
+    from oracle import autotune
+
+    class Case:
+        def __init__(self, text):
+            self.text = text
+
+        def summary(self):
+            return self.text
+
+    x = torch.randn(50, generator=_gen(13))
+    names = {}
+    for text in ("case a", "case b", "case c", "case d", "case e", "case f", "case a"):
+        autotune.case_hook(Case(text), "impl")
+        assert torch.equal(k.scale_autotuned(x, 0.5), x * 0.5)
+        autotune.case_hook(None, None)
+        (entry,) = autotune.chosen()  # still there after the case ended
+        names.setdefault(text, set()).add(entry)
+        index = autotune.case_number(Case(text)) % 3
+        assert f"BLOCK: {16 * 2 ** index}," in entry
+    assert names["case a"] == {next(iter(names["case a"]))}  # the same case, the same config
+    assert len(set().union(*names.values())) > 1
+
+
 def test_a_heuristics_kernel_runs(k):
     # triton.heuristics never needed the driver: this passes at 8afd716 too
     x = torch.randn(37, generator=_gen(2))
