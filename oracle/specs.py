@@ -1,5 +1,6 @@
 """What a spec is: one declarative ``OpSpec`` per op says how to draw a case, make its tensors, call
-it, and what to compare; plus the helpers op modules build specs from (values, rounding, layouts).
+it, and what to compare; plus the helpers op modules build specs from (values, layouts; the rounding
+helpers are oracle/noise/rounding.py's, re-exported).
 
 Note [Specs]
     The specs themselves live one op module each under oracle/ops/, collected in
@@ -23,6 +24,9 @@ from hypothesis import strategies as st
 from . import cases as C
 from .cases import Case
 from .memory import CONTIGUOUS, FUSE_LAST_DIM, Fusion, Layout
+# The op modules' rounding helpers, defined once with every other rounding (oracle/noise/rounding.py):
+# u of a dtype, the most rounding to it can lose, and the dtype HF upcasts to.
+from .noise.rounding import compute_dtype, rounding_error, unit_roundoff  # noqa: F401 - re-exported
 from .scale import AT_SCALE_ELEMENTS
 from .workload import Bench
 
@@ -221,23 +225,6 @@ def upstream_gradient(case: Case, name: str, like: torch.Tensor) -> torch.Tensor
         row = fill(shape[-1:], like.dtype, "normal", generator(case, "d" + name), like.device)
         return row.expand(shape).contiguous()
     return fill(shape, like.dtype, "normal", generator(case, "d" + name), like.device)
-
-
-def unit_roundoff(dtype: torch.dtype) -> float:
-    """u: the largest relative error of rounding to ``dtype`` (half its epsilon)."""
-    return torch.finfo(dtype).eps / 2
-
-
-def rounding_error(magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The most that rounding values of this magnitude to ``dtype`` can lose: u |v| while they are
-    normal numbers, and half the subnormal spacing where they underflow."""
-    info = torch.finfo(dtype)
-    return unit_roundoff(dtype) * magnitude + info.smallest_normal * info.eps / 2
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """What HF upcasts to: float32, or float64 for float64 inputs."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:

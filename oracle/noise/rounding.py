@@ -1,8 +1,11 @@
-"""Roundings, as the derived noise model sees them: the spacing of a dtype at a value, the variance
-of rounding to nearest there, and the variance a long sum accumulates (Note [Accumulation]).
+"""Roundings: the one place the harness defines a dtype's spacing (its ULP) at a value, its unit
+roundoff and the dtype sums accumulate in, used by the verdict (oracle/compare.py), the hand-written
+noise models (oracle/specs.py re-exports ``unit_roundoff``, ``rounding_error`` and ``compute_dtype``
+for oracle/ops/) and the derived model; and, for the derived model, the variance of rounding to
+nearest and the variance a long sum accumulates (Note [Accumulation]).
 
-All of it works on float64 tensors holding exact values (oracle/noise/shadow.py): the value an
-operation would round, not a value already rounded.
+The tensor functions work on float64 tensors holding exact values (oracle/noise/shadow.py): the
+value an operation would round, not a value already rounded.
 """
 
 from __future__ import annotations
@@ -10,6 +13,54 @@ from __future__ import annotations
 import math
 
 import torch
+
+# --- spacings and unit roundoff: the definitions every other module imports ----------------------
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u: the largest relative error of rounding to ``dtype``, half its spacing at 1 (half its epsilon)."""
+    return torch.finfo(dtype).eps / 2
+
+
+def accumulator(dtype: torch.dtype) -> torch.dtype:
+    """The dtype torch accumulates sums of ``dtype`` in (its opmath type), which is also what HF
+    upcasts to: float32 below float64, float64 for float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+compute_dtype = accumulator  # the name the hand-written noise models use (oracle/specs.py)
+
+
+def ulp_of(value: float, dtype: torch.dtype) -> float:
+    """Spacing of ``dtype`` at |value| (its ULP there), for one number; infinite for a non-finite one."""
+    info = torch.finfo(dtype)
+    value = abs(value)
+    if not math.isfinite(value):
+        return math.inf
+    if value < info.tiny:
+        return info.smallest_normal * info.eps  # subnormal spacing
+    return info.eps * 2.0 ** math.floor(math.log2(value))
+
+
+def spacing(value: torch.Tensor, dtype: torch.dtype, saturate: bool = True) -> torch.Tensor:
+    """The spacing of ``dtype`` at each |value| (float64); the subnormal spacing below its normals.
+    ``saturate``: beyond the dtype's largest number, the spacing there (what rounding to the dtype
+    can lose before it overflows); without it, the spacing the exponent would have (the verdict's
+    scale of an element whose truth lies past the dtype's range)."""
+    info = torch.finfo(dtype)
+    magnitude = value.abs().to(torch.float64).clamp(min=info.smallest_normal, max=info.max if saturate else None)
+    _, exponent = torch.frexp(magnitude)  # magnitude = m 2^exponent, m in [0.5, 1)
+    return info.eps * torch.exp2((exponent - 1).to(torch.float64))
+
+
+def rounding_error(magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The most that rounding values of this magnitude to ``dtype`` can lose: u |v| while they are
+    normal numbers, and half the subnormal spacing where they underflow."""
+    info = torch.finfo(dtype)
+    return unit_roundoff(dtype) * magnitude + info.smallest_normal * info.eps / 2
+
+
+# --- the derived model's roundings -------------------------------------------------------------
 
 # The variance of rounding to nearest at a value whose spacing is ``ulp``: an error spread evenly
 # over (-ulp/2, ulp/2).
@@ -91,22 +142,6 @@ def fast_exp_variance(y: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> t
     return torch.where(torch.isfinite(y), (y * math.log(2) * spacing(t, dtype)).square() * NEAREST_VARIANCE, 0.0)
 
 
-def unit_roundoff(dtype: torch.dtype) -> float:
-    """u: half the spacing of ``dtype`` at 1."""
-    return torch.finfo(dtype).eps / 2
-
-
-def accumulator(dtype: torch.dtype) -> torch.dtype:
-    """The dtype torch accumulates sums of ``dtype`` in (its opmath type): float32 below float64."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def spacing(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The spacing of ``dtype`` at each |value| (float64); the subnormal spacing below its normals."""
-    info = torch.finfo(dtype)
-    magnitude = value.abs().clamp(min=info.smallest_normal, max=info.max)
-    _, exponent = torch.frexp(magnitude)  # magnitude = m 2^exponent, m in [0.5, 1)
-    return info.eps * torch.exp2((exponent - 1).to(torch.float64))
 
 
 def to_nearest(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
