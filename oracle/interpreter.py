@@ -224,10 +224,11 @@ def ensure_faithful_16bit_arithmetic() -> str:
     if not interpreted():
         return "native"
     ensure_faithful_bf16()
-    if not any(v for dt in (torch.bfloat16, torch.float16) for v in probe_16bit_arithmetic(dt).values()):
-        return "faithful"
     from . import interpreter_arith
 
+    interpreter_arith.complete_builder()
+    if not any(v for dt in (torch.bfloat16, torch.float16) for v in probe_16bit_arithmetic(dt).values()):
+        return "faithful"
     interpreter_arith.install()
     remaining = {str(dt): {k: v for k, v in probe_16bit_arithmetic(dt).items() if v}
                  for dt in (torch.bfloat16, torch.float16)}

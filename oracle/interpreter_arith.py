@@ -281,9 +281,33 @@ _PATCHES = {
 }
 
 
+def _get_bf16(self, value):
+    """A bf16 constant (a Python float meeting a bf16 tensor); triton 3.6's builder has none."""
+    from triton.runtime.interpreter import TensorHandle
+
+    return TensorHandle(narrow(np.array([value], dtype=np.float32)), _bf16())
+
+
+def _bf16():
+    import triton.language as tl
+
+    return tl.bfloat16
+
+
+def complete_builder() -> None:
+    """Give triton 3.6's interpreter builder the bf16 constant it lacks (``tl.where(m, x_bf16, 0.0)``
+    fails there with "no attribute 'get_bf16'"); a no-op on a triton that has it."""
+    import triton.runtime.interpreter as interp
+
+    if not hasattr(interp.InterpreterBuilder, "get_bf16"):
+        interp.InterpreterBuilder.get_bf16 = _get_bf16
+
+
 def install() -> None:
     """Correct the loaded interpreter's 16-bit arithmetic (once; a method the triton lacks is left)."""
     import triton.runtime.interpreter as interp
+
+    complete_builder()
 
     for cls_name, methods in _PATCHES.items():
         cls = getattr(interp, cls_name)

@@ -84,8 +84,8 @@ def _binding_patch(original):
         scope = _Scope(original(fn))
         generic, cuda, originals, interpreted = _libdevice()
         for module in (generic, cuda):
-            if module is None:
-                continue
+            if module is None or getattr(module, "tanh", None) is interpreted.get("tanh"):
+                continue  # bound already (a device function called within a launch)
             for name, impl in interpreted.items():
                 if hasattr(module, name):
                     scope.inner.set_attr(module, name, impl)

@@ -113,6 +113,24 @@ def libdevice_apply(name: str, out: torch.Tensor, *args: torch.Tensor) -> torch.
 
 
 @triton.jit
+def _softcap(x, cap):
+    return cap * rsqrt(x * 0 + 1) * libdevice.tanh(x / cap)  # libdevice from a device function
+
+
+@triton.jit
+def _softcapped(Y, X, n, cap, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < n)
+    tl.store(Y + offs, _softcap(x, cap), mask=offs < n)
+
+
+def softcapped(x: torch.Tensor, cap: float) -> torch.Tensor:
+    y = torch.empty_like(x)
+    _softcapped[(1,)](y, x, x.numel(), cap, BLOCK=triton.next_power_of_2(x.numel()))
+    return y
+
+
+@triton.jit
 def _reciprocal_high(Y, X, n, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     x = tl.load(X + offs, mask=offs < n)

@@ -112,6 +112,11 @@ def test_libdevice_reached_by_name_through_cuda_and_extra(k, dtype):
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
 
 
+def test_libdevice_from_a_device_function(k):
+    x = torch.randn(100, generator=_gen(14)) * 40
+    torch.testing.assert_close(k.softcapped(x, 30.0), 30.0 * torch.tanh(x / 30.0), rtol=2e-6, atol=2e-5)
+
+
 def test_a_refused_libdevice_function_is_named_with_the_kernel(k):
     # at 8afd716: 'NoneType' object has no attribute ... (the stub returns None)
     from triton.runtime.errors import InterpreterError
