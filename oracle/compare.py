@@ -67,7 +67,21 @@ Note [The distribution judgement]
     the truth, for k and for h.
 
 The per-element and distribution judgements need a noise model; ``judge`` without ``element_noise``
-applies the max-norm judgement only.
+applies the max-norm judgement only (and judges the elements of Note [A reference that overflows] at
+one ULP of their truth).
+
+Note [A reference that overflows]
+    HF's maths in the test dtype may be non-finite where the float64 truth is finite and representable
+    in that dtype: a declared reference that computes x^3 and x^6 in float16 overflows to inf, and
+    inf / inf to NaN, where a computation in a wider dtype gives an ordinary number. HF's answer there
+    is not what the op means, so the implementation is not held to it: it must be finite, and it is
+    judged against the truth alone, per element, at the scale ulp(t_i) + noise_i, with noise_i the
+    noise model's there (the derived model's is the rounding of the same computation without its
+    overflow: the shadow evaluation is exact). HF has no error at such an element, so the max-norm
+    and distribution judgements leave it out. The reference's overflow is the declaration's problem,
+    and the verdict says so (``reference_nonfinite``, ``reference_worst``): a correct implementation
+    passes with it named; ``--impl hf``, whose answer is HF's, fails there, which is how a declaration
+    is checked.
 
 Note [HF's own error is room]
     A noise model derived from the maths (oracle/noise, Note [The derived noise model]) knows how
@@ -91,6 +105,9 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import torch
+
+from .noise import rounding
+from .noise.rounding import ulp_of  # noqa: F401 - the verdict's ULP, defined with every other rounding
 
 ELEMENT_BOUND = 2.0  # Note [The per-element judgement]: twice what HF's maths can do at an element
 SAMPLING_SDS = 4.0  # Note [The distribution judgement]: standard errors of a mean allowed as chance
@@ -129,6 +146,11 @@ class TensorVerdict:
     nonfinite_mismatches: int
     nonfinite_k: int  # non-finite elements in k
     worst: dict  # index and k, h, t values at the largest |k - t|; or at the first non-finite mismatch
+    # Note [A reference that overflows]: elements where HF is non-finite and the truth a number of the
+    # dtype (a declaration problem), and the first of them (index, k, h, t)
+    reference_nonfinite: int = 0
+    reference_worst: dict = field(default_factory=dict)
+    reference_element_max: float | None = None  # max e_i(k) over them, judged against the truth alone
     # Note [The per-element judgement]: errors in units of each element's own scale (None: not judged)
     element_max: float | None = None  # max e_i(k)
     element_bound: float | None = None  # ELEMENT_BOUND
@@ -150,17 +172,6 @@ class TensorVerdict:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def ulp_of(value: float, dtype: torch.dtype) -> float:
-    """Spacing of ``dtype`` at |value| (its ULP there)."""
-    info = torch.finfo(dtype)
-    value = abs(value)
-    if not math.isfinite(value):
-        return math.inf
-    if value < info.tiny:
-        return info.smallest_normal * info.eps  # subnormal spacing
-    return info.eps * 2.0 ** math.floor(math.log2(value))
 
 
 def _ordered_bits(x: torch.Tensor) -> torch.Tensor:
@@ -233,14 +244,16 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
     # correctly rounded to the dtype and that is an infinity HF missed: HF gives NaN for an infinite
     # truth (torch's vectorised CPU erf makes gelu(+inf) NaN in float32), or HF stays finite where the
     # truth lies past the dtype's overflow threshold (fp16 RMSNorm dX of an all-zero row: t = -65520.3
-    # rounds to -inf, HF's order of rounding gives -65504).
+    # rounds to -inf, HF's order of rounding gives -65504). Where HF is non-finite and the truth is a
+    # number of the dtype, k must be a number (Note [A reference that overflows]).
     k_cls, h_cls = _nonfinite_class(k), _nonfinite_class(h)
     rounded_t_cls = _nonfinite_class(t.to(k.dtype))
+    reference_nonfinite = (h_cls != 0) & (rounded_t_cls == 0)
     hf_missed_an_infinity = (h_cls <= 1) & (rounded_t_cls >= 2)
-    nonfinite_mismatch = (k_cls != h_cls) & ~(hf_missed_an_infinity & (k_cls == rounded_t_cls))
+    expected_cls = torch.where(reference_nonfinite, torch.zeros_like(h_cls), h_cls)
+    nonfinite_mismatch = (k_cls != expected_cls) & ~(hf_missed_an_infinity & (k_cls == rounded_t_cls))
     n_mismatch = int(nonfinite_mismatch.sum())
-    if n_mismatch:
-        problems.append(f"{n_mismatch} element(s) non-finite where HF is not, or the reverse")
+    problems += _nonfinite_problems(nonfinite_mismatch, reference_nonfinite, k_cls, h_cls, k, h, t)
 
     # Errors against the truth over elements finite everywhere.
     finite = (k_cls == 0) & (h_cls == 0) & torch.isfinite(t)
@@ -287,6 +300,14 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
             noise = torch.maximum(noise, h_err)
         extra = _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, order_noise,
                                           h.dtype, problems, typical_room)
+    n_reference = int(reference_nonfinite.sum())
+    if n_reference:
+        extra |= _against_the_truth_alone(k64, h64, t, reference_nonfinite & (k_cls == 0), element_noise,
+                                          h.dtype, problems)
+        first = int(reference_nonfinite.flatten().nonzero()[0])
+        extra |= {"reference_nonfinite": n_reference,
+                  "reference_worst": {"index": _index(first, tuple(k.shape)), "k": _item(k64, first),
+                                      "h": _item(h64, first), "t": _item(t, first)}}
 
     return TensorVerdict(
         name=name, dtype=str(h.dtype).removeprefix("torch."), shape=tuple(k.shape),
@@ -300,12 +321,63 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
     )
 
 
+_CLASS_NAMES = ("finite", "NaN", "+inf", "-inf")
+
+
+def describe_element(index: list[int], k: float, h: float, t: float) -> str:
+    """``at [i, j]: k=... h=... t=...``: one element of a verdict, as its text names it."""
+    return f"at {index}: k={k:.6g} h={h:.6g} t={t:.6g}"
+
+
+def _nonfinite_problems(mismatch, reference_nonfinite, k_cls, h_cls, k, h, t) -> list[str]:
+    """The non-finite placement's failures, each saying which side is non-finite, with its first
+    element."""
+    kinds = (
+        (mismatch & reference_nonfinite,
+         "non-finite in k where the float64 truth is finite; HF's reference is non-finite there too: it "
+         "overflows in {dtype}, a declaration problem"),
+        (mismatch & ~reference_nonfinite & (h_cls == 0), "non-finite in k where HF is finite"),
+        (mismatch & ~reference_nonfinite & (h_cls != 0) & (k_cls == 0), "finite in k where HF is non-finite"),
+        (mismatch & ~reference_nonfinite & (h_cls != 0) & (k_cls != 0),
+         "non-finite in k and in HF, but not alike (NaN against an infinity, or infinities of opposite signs)"),
+    )
+    problems = []
+    for where, what in kinds:
+        n = int(where.sum())
+        if not n:
+            continue
+        first = int(where.flatten().nonzero()[0])
+        index = _index(first, tuple(k.shape))
+        k_name, h_name = _CLASS_NAMES[int(k_cls.flatten()[first])], _CLASS_NAMES[int(h_cls.flatten()[first])]
+        problems.append(f"{n} element(s) {what.format(dtype=str(h.dtype).removeprefix('torch.'))}; first "
+                        f"{describe_element(index, _item(k, first), _item(h, first), _item(t, first))} "
+                        f"(k {k_name}, HF {h_name})")
+    return problems
+
+
+def _against_the_truth_alone(k64, h64, t, judged, element_noise, dtype, problems) -> dict:
+    """Note [A reference that overflows]: where HF is non-finite and the truth a number, k's error in
+    units of ulp(t_i) + noise_i, at most ELEMENT_BOUND; appends to ``problems``."""
+    noise = element_noise.to(device=t.device, dtype=torch.float64).expand(t.shape) if element_noise is not None \
+        else torch.zeros_like(t)
+    scale = ulps_of(t, dtype) + noise
+    scale = torch.where(judged & ~scale.isnan(), scale, 1.0)  # an infinite scale leaves its element unjudged
+    e_k = torch.where(judged, (k64 - t).abs() / scale, 0.0)
+    exceeding = int((e_k > ELEMENT_BOUND).sum())
+    if exceeding:
+        flat = int(e_k.flatten().argmax())
+        problems.append(
+            f"{exceeding} element(s) where HF's reference is non-finite off the float64 truth by more than "
+            f"{ELEMENT_BOUND:g}x the noise model's scale there; worst "
+            f"{describe_element(_index(flat, tuple(t.shape)), _item(k64, flat), _item(h64, flat), _item(t, flat))}, "
+            f"error {_item(e_k, flat):.3g}x its scale")
+    return {"reference_element_max": _max(e_k)}
+
+
 def ulps_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Per element, the spacing of ``dtype`` at |t| (``ulp_of`` for a whole tensor, as float64)."""
-    info = torch.finfo(dtype)
-    magnitude = t.abs().to(torch.float64).clamp_min(info.smallest_normal)  # subnormals: the smallest spacing
-    _, exponent = torch.frexp(magnitude)  # magnitude = m * 2**exponent, m in [0.5, 1)
-    return info.eps * torch.exp2((exponent - 1).to(torch.float64))
+    """Per element, the spacing of ``dtype`` at |t| (``ulp_of`` for a whole tensor, as float64), past
+    the dtype's range too (oracle/noise/rounding.py)."""
+    return rounding.spacing(t, dtype, saturate=False)
 
 
 def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, order, dtype, problems,
@@ -342,7 +414,7 @@ def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, o
     mean_k, mean_h, mean_r = mean(e_k), mean(e_h), mean(e_r)
     # One more rounding in the compute dtype moves an element by up to u_c |t|: how much a valid
     # formula with EXTRA_ROUNDINGS more operations than HF's may add to the mean (negligible in 16-bit).
-    u_c = torch.finfo(torch.promote_types(dtype, torch.float32)).eps / 2
+    u_c = rounding.unit_roundoff(rounding.accumulator(dtype))
     extra = EXTRA_ROUNDINGS * mean(torch.where(finite, u_c * t.abs() / scale, 0.0))
     for room in (order, typical_room):  # a long sum's other orders, and a granted approximation, move it
         if room is not None:
@@ -390,5 +462,4 @@ def summation_noise(sum_of_abs_terms: torch.Tensor, n_terms: int, accumulator: t
     """2 * sqrt(n) * u * max(sum |terms|): the typical rounding error of a sum in any order."""
     if not sum_of_abs_terms.numel():
         return 0.0
-    unit_roundoff = torch.finfo(accumulator).eps / 2
-    return 2.0 * math.sqrt(max(1, n_terms)) * unit_roundoff * float(sum_of_abs_terms.max())
+    return 2.0 * math.sqrt(max(1, n_terms)) * rounding.unit_roundoff(accumulator) * float(sum_of_abs_terms.max())

@@ -25,12 +25,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
+from torch.autograd.gradcheck import GradcheckError
 
 from . import noise
 from . import reference as R
 from . import scale
 from .cases import Case
-from .compare import TensorVerdict, judge, summation_noise
+from .compare import ELEMENT_BOUND, TensorVerdict, describe_element, judge, summation_noise
 from .impls import Implementation
 from .memory import BROADCAST_ROWS, CONTIGUOUS, GuardedTensor, Layout, Snapshot, bits, copy_into, rehomed_allocations
 from .ops import SPECS
@@ -77,10 +78,28 @@ class CaseResult:
     error: str = ""
     seconds: float = 0.0
     scope: str = ""  # what was judged, where not the whole case (a case at scale)
+    generic: dict = field(default_factory=dict)  # reference ops the derived model's generic rule modelled
+
+    def __repr__(self) -> str:  # the case and the outcome; explain() has the rest
+        return f"CaseResult({self.status}: {self.case.summary()} [impl {self.impl}])"
 
     @property
     def passed(self) -> bool:
         return self.status == "pass"
+
+    @property
+    def declaration_problems(self) -> list[str]:
+        """Where HF's reference is non-finite and the float64 truth a number (compare.py, Note [A
+        reference that overflows]): the declaration's problem, whatever the implementation did."""
+        out = []
+        for v in self.verdicts:
+            if v.reference_nonfinite:
+                w = v.reference_worst
+                out.append(f"HF's reference gives {v.reference_nonfinite} non-finite value(s) in {v.name} where the "
+                           f"float64 truth is a {v.dtype} number (first at {w['index']}: HF {w['h']:.6g}, truth "
+                           f"{w['t']:.6g}): it overflows in {v.dtype}; compute it in a wider dtype. There the "
+                           "implementation is judged against the truth alone")
+        return out
 
     @property
     def repro(self) -> str:
@@ -107,8 +126,17 @@ class CaseResult:
                 f"bit-identical={v.bit_identical:.1%} ulp(max/p99)={v.ulp_max:.0f}/{v.ulp_p99:.0f}"
                 + (f" element={v.element_max:.2g}/{v.element_bound:g} typical={v.mean_error:.2g}/{v.mean_bound:.2g}"
                    if v.element_max is not None else "")
+                + (f" against-the-truth={v.reference_element_max:.2g}/{ELEMENT_BOUND:g} ({v.reference_nonfinite} where HF "
+                   "is non-finite)" if v.reference_nonfinite and v.reference_element_max is not None else "")
                 + (" [passed in the room of fast maths: exp as Triton's tl.exp]" if v.needed_fast_maths else "")
-                + ("" if v.passed else f"\n       {v.reason}; worst {v.worst}"))
+                + ("" if v.passed else f"\n       {v.reason}" + (
+                    f"; largest |k-t| {describe_element(**v.worst)}" if v.worst and not v.nonfinite_mismatches else "")))
+        lines += [f"  declaration problem: {problem}" for problem in self.declaration_problems]
+        if self.generic:
+            ops = ", ".join(f"{op} ({n} call{'s' if n > 1 else ''})" for op, n in sorted(self.generic.items()))
+            lines.append(f"  noise: the derived model had no exact rule for {ops}: they were modelled by its generic "
+                         "rule, finite differences over the whole op, not first-order exact (oracle/noise/rules.py, "
+                         "Note [Propagation rules])")
         lines += ["  " + f.describe() for f in self.findings]
         if self.error:
             lines.append("  " + self.error.strip().replace("\n", "\n  "))
@@ -116,11 +144,24 @@ class CaseResult:
         return "\n".join(lines)
 
 
-def repro_command(case: Case, impl: str, check: str | None = None) -> str:
-    """The one command that reruns exactly this case (and, given, one aliasing check of it)."""
+class CaseFailed(AssertionError):
+    """A case's verdict failed; the message is its explain() text, ``result`` the CaseResult."""
+
+    def __init__(self, result: CaseResult):
+        super().__init__(result.explain())
+        self.result = result
+
+
+class CaseError(CaseFailed):
+    """A case ended in an exception or a crash, not in a verdict (its explain() has the traceback)."""
+
+
+def repro_command(case: Case, impl: str, check: str | None = None, float64: bool = False) -> str:
+    """The one command that reruns exactly this case (and, given, one aliasing check of it, or its
+    float64 check)."""
     from .registry import ORIGINS
 
-    check_flag = f" --check {check}" if check else ""
+    check_flag = f" --check {check}" if check else " --float64" if float64 else ""
     module = f" --op-module {shlex.quote(ORIGINS[case.op])}" if case.op in ORIGINS else ""
     return f"python -m oracle.repro --impl {shlex.quote(impl)}{module}{check_flag} {shlex.quote(case.to_json())}"
 
@@ -178,6 +219,7 @@ class Prepared:
     maths: str = "fast"  # the maths granted (Note [Fast maths]); fast: element_noise includes its room
     exact_noise: dict | None = None  # with fast maths: the noise without that room
     typical_room: dict | None = None  # with fast maths: its typical size, for the distribution judgement
+    generic: dict = field(default_factory=dict)  # NoiseModels.generic: ops the derived model modelled generically
 
     def judge(self, name: str, got: torch.Tensor) -> TensorVerdict:
         """The verdict on one compared tensor of an implementation (compare.judge); with fast maths,
@@ -239,22 +281,44 @@ class NoiseModels:
     def typical_room(self) -> dict | None:
         return self.derived.fast_typical if self.maths == "fast" and self.derived is not None else None
 
+    @property
+    def generic(self) -> dict[str, int]:
+        """The reference's ops that the derived model had no exact rule for (noise/rules.py, the
+        generic rule), where that model judges."""
+        return dict(self.derived.generic) if self.model == "derived" and self.derived is not None else {}
 
-def noise_models(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str = "fast") -> NoiseModels:
-    derived = None
-    if uses_derived_noise(spec) or not spec.takes_compute or maths == "fast":
-        derived = noise.derive(spec, args, upstream, _compute(case))
+
+def _merged(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {name: max(a.get(name, 0), b.get(name, 0)) for name in {**a, **b}}
+
+
+def noise_models(spec: OpSpec, args: dict, upstream: dict, derive: Callable[[], noise.DerivedModel],
+                 maths: str = "fast", names: tuple[str, ...] | None = None) -> NoiseModels:
+    """The one place a case's noise models are chosen and built, for the compared tensors ``names``
+    (default: all of them): the derived model (``derive()``, called where it is needed: it judges,
+    it gives a declared reference its exact truth, or fast maths' room is granted) or the spec's
+    hand-written one (``spec.noise`` on ``args`` and ``upstream``), with fast maths' room on top
+    unless ``maths`` is exact. A case's tensors take the whole case's derived model; a gradient
+    summed over every program of a case at scale takes one derived chunk by chunk (noise.derive_summed)."""
+    names = tuple(spec.compared() if names is None else names)
+    derived = derive() if uses_derived_noise(spec) or not spec.takes_compute or maths == "fast" else None
     if uses_derived_noise(spec):
+        exact, order = _pick(derived.noise, names), _pick(derived.order, names)
         if maths == "exact":
-            return NoiseModels(derived.noise, derived.order, "derived", maths, None, derived)
-        return NoiseModels(derived.fast_noise, derived.order, "derived", maths, derived.noise, derived)
-    hand = {name: model(args, upstream) for name, model in spec.noise.items()}
-    order_noise = {name: model(args, upstream) for name, model in spec.order_noise.items()}
+            return NoiseModels(exact, order, "derived", maths, None, derived)
+        return NoiseModels(_pick(derived.fast_noise, names), order, "derived", maths, exact, derived)
+    hand = {name: spec.noise[name](args, upstream) for name in names}
+    order_noise = {name: spec.order_noise[name](args, upstream) for name in names if name in spec.order_noise}
     if maths == "exact":
         return NoiseModels(hand, order_noise, "declared", maths, None, derived)
     # fast maths' room, derived where the reference calls exp or divides, on top of the hand-written model
-    granted = {name: hand[name] + derived.fast_extra[name] for name in hand}
+    extra = derived.fast_extra
+    granted = {name: hand[name] + extra[name] for name in names}
     return NoiseModels(granted, order_noise, "declared", maths, hand, derived)
+
+
+def _pick(tensors: dict, names: tuple[str, ...]) -> dict:
+    return {name: tensors[name] for name in names}
 
 
 def _compute(case: Case) -> torch.dtype:
@@ -263,7 +327,7 @@ def _compute(case: Case) -> torch.dtype:
 
 def _references(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str = "fast") -> Prepared:
     hf = evaluate(spec, spec.reference, args, upstream)
-    models = noise_models(spec, case, args, upstream, maths)
+    models = noise_models(spec, args, upstream, lambda: noise.derive(spec, args, upstream, _compute(case)), maths)
     derived = models.derived
     if spec.takes_compute:
         truth = evaluate(spec, spec.reference, {k: R.upcast(v) for k, v in args.items()},
@@ -278,7 +342,7 @@ def _references(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str
                  for name, terms in spec.summed.items()}
     return Prepared(args, upstream, hf, truth, reordered, sum_noise, models.element, models.order,
                     noise_model=models.model, maths=models.maths, exact_noise=models.exact,
-                    typical_room=models.typical_room)
+                    typical_room=models.typical_room, generic=models.generic)
 
 
 def _split(spec: OpSpec, tensors: dict[str, torch.Tensor]) -> Evaluation:
@@ -323,9 +387,9 @@ def _summed_over_every_program(spec: OpSpec, case: Case, prepared: Prepared, nam
         for index in scale.chunks(count, largest // count):
             yield spec.programs.args(args, index), {k: spec.programs.tensor(v, index) for k, v in upstream.items()}
 
-    derived = None
-    if uses_derived_noise(spec) or not spec.takes_compute:
-        derived = noise.derive_summed(spec, name, parts(), _compute(case))
+    models = noise_models(spec, args, upstream, lambda: noise.derive_summed(spec, name, parts(), _compute(case)),
+                          prepared.maths, names=(name,))
+    derived = models.derived
     if spec.takes_compute:
         truth = None
         for part_args, part_upstream in parts():
@@ -340,20 +404,14 @@ def _summed_over_every_program(spec: OpSpec, case: Case, prepared: Prepared, nam
                                                   compute=torch.float32).grads[name]
     else:
         prepared.reordered.grads[name] = noise.reordered_summed(spec, name, parts(), _compute(case))
-    if uses_derived_noise(spec):
-        granted = derived.fast_noise if prepared.maths == "fast" else derived.noise
-        prepared.element_noise[name] = granted[name]
-        prepared.order_noise[name] = derived.order[name]
-        if prepared.exact_noise is not None:
-            prepared.exact_noise[name] = derived.noise[name]
-    else:
-        # A hand-written model of a sum over every program gets no fast maths' room: deriving it
-        # would take a shadow run over the whole case, and such sums (RMSNorm's dW) call no exp.
-        prepared.element_noise[name] = spec.noise[name](args, upstream)
-        if prepared.exact_noise is not None:
-            prepared.exact_noise[name] = prepared.element_noise[name]
-        if name in spec.order_noise:
-            prepared.order_noise[name] = spec.order_noise[name](args, upstream)
+    prepared.element_noise[name] = models.element[name]
+    if name in models.order:
+        prepared.order_noise[name] = models.order[name]
+    if prepared.exact_noise is not None:
+        prepared.exact_noise[name] = models.exact[name]
+    if prepared.typical_room is not None:
+        prepared.typical_room[name] = models.typical_room[name]
+    prepared.generic = _merged(prepared.generic, models.generic)
     if name in spec.summed:
         prepared.sum_noise[name] = summation_noise(*spec.summed[name](args, upstream), _accumulator(case))
 
@@ -536,7 +594,7 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
             run = run_impl(spec, case, impl, prepared, device)
             result.verdicts, unwritten = judge_all(spec, prepared, run)
             result.findings = run.findings + unwritten
-            result.scope = prepared.scope
+            result.scope, result.generic = prepared.scope, prepared.generic
             del prepared, run  # before the GPU goes to the next case at scale
         if result.findings or not all(v.passed for v in result.verdicts):
             result.status = "fail"
@@ -550,3 +608,63 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
               spec.long(case))] += 1
     result.seconds = time.perf_counter() - start
     return result
+
+
+# --- float64 ------------------------------------------------------------------------------------
+
+
+class Float64Failure(AssertionError):
+    """A float64 check failed (gradcheck, or a raw kernel against HF's formula); the message has the
+    case, what failed, the repro command and the NO_FLOAT64 hint."""
+
+
+def float64_notes(spec: OpSpec, case: Case, impl_name: str) -> list[str]:
+    """What a float64 failure carries beside torch's own message: the case, the command that reruns
+    the check, and what an implementation without a float64 path declares instead."""
+    return [f"float64 check of {case.summary()}  [impl {impl_name}]",
+            f"rerun: {repro_command(case, impl_name, float64=True)}",
+            f"an implementation without a float64 path declares it: NO_FLOAT64 = {{{spec.name!r}}} skips this check"]
+
+
+def check_float64(spec: OpSpec, case: Case, impl: Implementation, device) -> None:
+    """The float64 check of one float64 case: torch.autograd.gradcheck of a hand-written backward
+    against finite differences; for a kernel outside autograd (the raw SwiGLU ones), its outputs
+    against HF's formula, to within float64 rounding (a float32 intermediate is 1e-7 off; 1e-10 is
+    allowed). Raises Float64Failure where it fails; an exception the implementation raises keeps its
+    type and carries float64_notes."""
+    try:
+        prepared = prepare(spec, case, device)
+        if not spec.differentiable:
+            args, _ = place(spec, case, prepared.args, device, [])
+            got = dict(zip(spec.outputs, spec.call(impl.op(spec.name), args)))
+            for name, want in prepared.hf.outputs.items():
+                try:
+                    torch.testing.assert_close(got[name], want, rtol=1e-10, atol=1e-12)
+                except AssertionError as exc:
+                    raise Float64Failure("\n".join(
+                        [f"{name} differs from HF's formula in float64 (allowed: rtol 1e-10, atol 1e-12, float64 "
+                         f"rounding; a float32 intermediate is 1e-7 off): {str(exc).strip()}"]
+                        + float64_notes(spec, case, impl.name))) from None
+            return
+        leaves = [prepared.args[n].detach().clone().requires_grad_() for n in spec.differentiable]
+
+        def fn(*values):
+            # Fresh guarded copies in the case's layout each call: in-place ops (rope) must not rotate
+            # gradcheck's own inputs, and the copies carry the gradient back to them.
+            args, _ = place(spec, case, prepared.args, device, [], sources=dict(zip(spec.differentiable, values)))
+            return spec.call(impl.op(spec.name), args)
+
+        try:
+            torch.autograd.gradcheck(fn, leaves, fast_mode=True)
+        except GradcheckError as exc:
+            message = str(exc).strip().splitlines()
+            raise Float64Failure("\n".join(
+                [f"gradcheck: the backward disagrees with finite differences in float64: {message[0]}"]
+                + [f"  {line}" for line in message[1:4]]
+                + float64_notes(spec, case, impl.name))) from None
+    except Float64Failure:
+        raise
+    except Exception as exc:  # the implementation's own error, e.g. a float32-only kernel given float64
+        for note in float64_notes(spec, case, impl.name):
+            exc.add_note(note)
+        raise

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 
+from oracle import engine, noise
 from oracle.cases import Case
-from oracle.engine import CaseResult, run_case
-from oracle.impls import ImplementationUnavailable, load
+from oracle.declare import Dim, Op, Tensor
+from oracle.engine import CaseResult, Float64Failure, check_float64, run_case
+from oracle.impls import Implementation, ImplementationUnavailable, load
 from oracle.ops import SPECS
+from oracle.specs import upstream_gradient
 
 RMS = Case("rms_norm", "llama", "float32", {"lead": [3, 2], "cols": 33}, "strided", "normal",
            {"eps": 1e-6, "weight": "same"}, seed=5)
@@ -37,11 +43,11 @@ def test_correct_implementations_pass(case, impl, device):
 
 
 @pytest.mark.parametrize("impl, case, caught", [
-    ("skips_last_row", RMS, "non-finite where HF is not"),
-    ("ignores_eps", RMS_ZERO_ROWS, "non-finite where HF is not"),
+    ("skips_last_row", RMS, "non-finite in k where HF is finite"),
+    ("ignores_eps", RMS_ZERO_ROWS, "non-finite in k where HF is finite"),
     ("wrong_sign", ROPE, "exceeds 2*max|h-t|"),
     ("swiglu_wrong_derivative", SWIGLU, "exceeds 2*max|h-t|"),
-    ("leaves_last_unwritten", FG, "non-finite where HF is not"),
+    ("leaves_last_unwritten", FG, "non-finite in k where HF is finite"),
 ])
 def test_broken_implementations_fail_the_verdict(impl, case, caught, device):
     result = _run(case, f"tests.broken_impls:{impl}", device)
@@ -133,3 +139,116 @@ def test_compile_runs_the_hf_maths_and_passes(device):
     result = _run(SWIGLU, "compile", device)
     assert result.passed, result.explain()
     assert min(v.bit_identical for v in result.verdicts) < 1.0 or device.type == "cuda"
+
+
+# --- failure text: the verdict and the repro, without object reprs ---------------------------------
+
+
+def test_a_failing_suite_test_prints_the_verdict_not_object_reprs():
+    """The generic suite's failure: the verdict text (case, metrics, the failing tensor, the repro), and
+    hypothesis's failing example naming the implementation and the case, not their reprs."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "tests/test_ops.py",
+                           "--impl", "tests.broken_impls:swiglu_de_sign_flipped", "--ops", "swiglu",
+                           "-k", "matches_hf__swiglu__float32"], capture_output=True, text=True, env={**os.environ, "CI": "true"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "FAIL de" in out and "rerun: python -m oracle.repro --impl tests.broken_impls:swiglu_de_sign_flipped" in out, out
+    assert "CaseResult(case=" not in out and "TensorVerdict(" not in out and "where False" not in out, out
+    example = out[out.index("Failing explicit example"):]
+    assert "impl=Implementation('tests.broken_impls:swiglu_de_sign_flipped')" in example, example
+    assert "case=Case('swiglu[default] float32" in example and "namespace(" not in example, example
+
+
+def test_a_case_result_has_a_short_repr(device):
+    result = _run(RMS, "tests.broken_impls:skips_last_row", device)
+    assert repr(result) == f"CaseResult(fail: {RMS.summary()} [impl tests.broken_impls:skips_last_row])"
+    assert "worst {" not in result.explain() and "'index'" not in result.explain()
+
+
+FLOAT64_RMS = SPECS["rms_norm"].float64_cases[0]
+
+
+def test_a_float64_gradcheck_failure_carries_the_case_its_repro_and_the_no_float64_hint(device):
+    """dX without its projection term, in float64: gradcheck's mismatch, with the case line, the command
+    that reruns the check, and NO_FLOAT64."""
+    with pytest.raises(Float64Failure) as failure:
+        check_float64(SPECS["rms_norm"], FLOAT64_RMS, load("tests.broken_impls:rms_norm_dx_missing_projection"), device)
+    text = str(failure.value)
+    assert text.startswith("gradcheck: the backward disagrees with finite differences in float64"), text
+    assert f"float64 check of {FLOAT64_RMS.summary()}  [impl tests.broken_impls:rms_norm_dx_missing_projection]" in text
+    assert "rerun: python -m oracle.repro --impl tests.broken_impls:rms_norm_dx_missing_projection --float64" in text
+    assert "NO_FLOAT64 = {'rms_norm'}" in text and "tensor(" not in text, text
+    check_float64(SPECS["rms_norm"], FLOAT64_RMS, load("kernels"), device)  # the kernels' backward passes
+
+
+def test_an_error_in_float64_keeps_its_type_and_carries_the_same_notes(device):
+    with pytest.raises(TypeError, match="accumulator dtype mismatch") as failure:
+        check_float64(SPECS["rms_norm"], FLOAT64_RMS, load("tests.broken_impls:backward_type_error"), device)
+    notes = failure.value.__notes__
+    assert notes[0] == f"float64 check of {FLOAT64_RMS.summary()}  [impl tests.broken_impls:backward_type_error]"
+    assert notes[1].startswith("rerun: python -m oracle.repro --impl tests.broken_impls:backward_type_error --float64")
+    assert "NO_FLOAT64" in notes[2]
+
+
+def test_the_float64_repro_reruns_the_check():
+    def repro(impl: str, case: Case = FLOAT64_RMS):
+        return subprocess.run([sys.executable, "-m", "oracle.repro", "--impl", impl, "--float64", case.to_json()],
+                              capture_output=True, text=True)
+
+    bad = repro("tests.broken_impls:rms_norm_dx_missing_projection")
+    assert bad.returncode == 1 and bad.stdout.startswith("FAIL: gradcheck:") and "NO_FLOAT64" in bad.stdout, bad.stdout
+    raising = repro("tests.broken_impls:backward_type_error")
+    assert raising.returncode == 1 and "TypeError: accumulator dtype mismatch" in raising.stdout, raising.stdout
+    assert repro("tests.broken_impls:declares_no_float64").stdout.startswith("SKIP: float64 check")
+    good = repro("kernels")
+    assert good.returncode == 0 and good.stdout.startswith("PASS: float64 check"), good.stdout + good.stderr
+    assert repro("kernels", RMS).returncode == 2  # a float32 case has no float64 check
+
+
+# --- noise models: one function builds them ---------------------------------------------------------
+
+
+def _exp_scaled(X, W):
+    return torch.exp(X.float()).to(X.dtype) * W
+
+
+# exp(X) * W over rows: dW sums over every row, the gradient judged whole at scale; a hand-written model.
+EXP_SCALED = Op("exp_scaled", reference=_exp_scaled, inputs={"X": Tensor("rows", "cols"), "W": Tensor("cols")},
+                dims={"rows": Dim(1, 64, programs=True), "cols": Dim(1, 64)},
+                scale=({"rows": 64, "cols": 8},), outputs=("Y",),
+                noise={name: (lambda args, upstream: torch.full((), 1e-3, dtype=torch.float64))
+                       for name in ("Y", "dX", "dW")})
+
+
+@pytest.mark.parametrize("maths", ["fast", "exact"])
+def test_a_gradient_summed_over_every_program_gets_the_noise_model_every_tensor_gets(maths, device):
+    """A case at scale judges its dW whole (engine._summed_over_every_program): its hand-written model
+    gets fast maths' room there too, as every other tensor's does (engine.noise_models)."""
+    spec = EXP_SCALED.spec
+    case = Case("exp_scaled", "default", "float32", {"rows": 64, "cols": 8}, "contiguous", "normal", {}, seed=2)
+    args = spec.make_args(case, device)
+    prepared = engine._prepare_on_a_slice(spec, case, args, upstream_gradient, maths)
+    whole = engine.noise_models(spec, prepared.args, prepared.upstream,
+                                lambda: noise.derive(spec, prepared.args, prepared.upstream, torch.float32), maths)
+    torch.testing.assert_close(prepared.element_noise["dW"], whole.element["dW"], rtol=1e-9, atol=0)
+    if maths == "fast":  # exp's room on top of the hand-written 1e-3, as for Y
+        assert float((prepared.element_noise["dW"] - 1e-3).min()) > 0
+        assert torch.equal(prepared.exact_noise["dW"], torch.full((), 1e-3, dtype=torch.float64))
+    else:
+        assert torch.equal(prepared.element_noise["dW"], torch.full((), 1e-3, dtype=torch.float64))
+
+
+# --- the derived model's generic rule, named -----------------------------------------------------
+
+
+def test_a_reference_op_the_generic_rule_models_is_named_in_the_verdict(device):
+    prod = Op("row_prod", reference=lambda X: X.prod(-1), inputs={"X": Tensor("rows", "cols")},
+              dims={"rows": Dim(1, 8), "cols": Dim(1, 8)})
+    case = Case("row_prod", "default", "float32", {"rows": 3, "cols": 5}, "contiguous", "normal", {}, seed=1)
+    result = run_case(prod.spec, case, Implementation("reference", SimpleNamespace(row_prod=lambda X: X.prod(-1))),
+                      device)
+    calls = result.generic.get("prims.prod.default", 0)  # forward and backward
+    assert result.passed and set(result.generic) == {"prims.prod.default"} and calls > 1, result.explain()
+    assert f"noise: the derived model had no exact rule for prims.prod.default ({calls} calls): they were modelled " \
+           "by its generic rule" in result.explain()
+    assert "generic rule" not in _run(RMS, "kernels", device).explain()  # exact rules only (and a hand-written model)
