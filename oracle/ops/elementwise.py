@@ -19,11 +19,12 @@ from ..specs import DTYPES, ErrorInput, Programs, fill, generator
 
 def lora_backward(forward: Callable, DW, e, g, compute=None):
     """(h, df, de) by HF's autograd of ``h = forward(e, g)`` for the incoming gradient DW: what a raw
-    LoRA-MLP backward kernel must produce (df: g's gradient, de: e's)."""
-    e_leaf, g_leaf = e.detach().requires_grad_(), g.detach().requires_grad_()
-    with torch.enable_grad():
-        h = forward(e_leaf, g_leaf, compute=compute)
-        de, df = torch.autograd.grad(h, (e_leaf, g_leaf), DW)
+    LoRA-MLP backward kernel must produce (df: g's gradient, de: e's). Through ``torch.func.vjp``,
+    the same backward formulas as ``torch.autograd.grad`` (the same bits) but traceable: under
+    torch.compile(fullgraph=True) autograd.grad and requires_grad_ are graph breaks, so HF's raw
+    backward could not be held to its eager bits by the compile check."""
+    h, pull_back = torch.func.vjp(lambda e, g: forward(e, g, compute=compute), e.detach(), g.detach())
+    de, df = pull_back(DW)
     return h.detach(), df, de
 
 
