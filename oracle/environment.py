@@ -149,6 +149,20 @@ def separate_compile_caches() -> str:
     return directory
 
 
+def share_cores(workers: int) -> int:
+    """Give this process its share of the host's cores when ``workers`` processes run at once
+    (pytest-xdist's workers, the report's): torch's CPU thread pool defaults to every core, so 16
+    workers on 16 cores ran 256 threads, and the CPU-bound tests (derived noise, report sweeps in
+    subprocesses) took minutes on the GPU machine. Sets torch's pool and ``OMP_NUM_THREADS`` (for
+    the processes this one starts) unless the user chose it; returns the thread count."""
+    chosen = os.environ.get("OMP_NUM_THREADS")
+    threads = int(chosen) if chosen and chosen.isdigit() and int(chosen) > 0 else \
+        max(1, (os.cpu_count() or 1) // max(1, workers))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    return threads
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
     """JSON written atomically (see write_text_atomic)."""
     write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=_plain) + "\n")

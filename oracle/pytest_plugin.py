@@ -112,6 +112,9 @@ def pytest_configure(config):
     global INFLIGHT
     if hasattr(config, "workerinput"):  # an xdist worker: note into the controller's folder
         INFLIGHT = Path(config.workerinput["oracle_inflight"])
+        from oracle.environment import share_cores
+
+        share_cores(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     _load_profile()
     _bound_shrinking()
     from oracle import engine
