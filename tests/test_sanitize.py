@@ -315,6 +315,25 @@ def test_the_target_runs_every_case_of_the_quick_grid(capsys):
     assert all(case.dtype != "float64" for case in cases)
 
 
+def test_a_bad_op_module_exits_2_naming_it(capsys, monkeypatch):
+    monkeypatch.setenv("ORACLE_OP_MODULES", "")  # main hands --op-module to its targets there: restored after
+    assert cli.main(["--impl", "hf", "--op-module", "no_such_module.declared"]) == 2
+    out = capsys.readouterr().out
+    assert "no_such_module.declared" in out and len(out.strip().splitlines()) == 1
+
+
+def test_the_target_runs_a_declared_op_named_in_the_environment():
+    """--op-module reaches the targets (processes of their own, as here) through ORACLE_OP_MODULES."""
+    project = Path(__file__).parent / "declared_project"
+    env = {**os.environ, "ORACLE_OP_MODULES": "declared_ops",
+           "PYTHONPATH": os.pathsep.join([str(project), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "oracle.sanitize.target", "--impl", "hf", "--op", "softmax",
+                           "--device", "cpu"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1].startswith("cases: ") and len(lines) == int(lines[-1].split()[1]) + 1, proc.stdout
+
+
 # --- on a GPU: the sanitizer itself ------------------------------------------------------------------
 
 needs_sanitizer = pytest.mark.skipif(

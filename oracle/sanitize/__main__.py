@@ -10,6 +10,7 @@ implementation that cannot be loaded).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -21,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..environment import write_json_atomic
 from ..impls import ImplementationUnavailable, load
+from ..registry import ENVIRONMENT, DeclarationError, load_declared
 from . import runner
 from .runner import TOOLS, Run
 
@@ -43,6 +45,8 @@ def parse(argv):
     parser = argparse.ArgumentParser(prog="python -m oracle.sanitize", description=__doc__.split("\n\n")[0])
     parser.add_argument("--impl", default="kernels", help="kernels (default), hf, liger, ... or package.module:attr")
     parser.add_argument("--ops", nargs="+", metavar="OP", help="only these ops (default: every op it provides)")
+    parser.add_argument("--op-module", action="append", default=[], metavar="MODULE",
+                        help="a module of op declarations (oracle.declare.Op) to sanitize like the built-in ops; repeatable")
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS), help="default: all four")
     parser.add_argument("--jobs", type=_jobs, default=runner.default_jobs(),
                         help=f"sanitizer processes at once (default min(8, CPU cores): {runner.default_jobs()})")
@@ -67,6 +71,12 @@ def environment_problem() -> tuple[str | None, Path | None]:
 def main(argv=None) -> int:
     args = parse(argv)
     console = Console(width=None if sys.stdout.isatty() else 160)  # a log file gets whole lines
+    if args.op_module:  # the targets are processes of their own: they load the declarations from the environment
+        os.environ[ENVIRONMENT] = ",".join(filter(None, [os.environ.get(ENVIRONMENT, ""), *args.op_module]))
+    try:
+        load_declared()
+    except DeclarationError as exc:
+        return _usage_error(console, exc)
     try:  # as the report does: the ops asked must be there; declared lacks are listed, not run
         implementation = load(args.impl)
         ops = implementation.select(args.ops)

@@ -24,6 +24,7 @@ from ..engine import gradient_layout
 from ..impls import load
 from ..memory import CONTIGUOUS, Layout, copy_into
 from ..ops import SPECS
+from ..registry import load_declared
 from ..specs import OpSpec, upstream_gradient
 
 
@@ -93,6 +94,7 @@ def cases_of(spec: OpSpec) -> list[Case]:
 
 
 def main(argv=None) -> int:
+    load_declared()  # ORACLE_OP_MODULES: the ops python -m oracle.sanitize --op-module declared
     parser = argparse.ArgumentParser(prog="python -m oracle.sanitize.target", description=__doc__.split("\n\n")[0])
     parser.add_argument("--impl", required=True)
     parser.add_argument("--op", required=True, choices=sorted(SPECS))
