@@ -18,7 +18,8 @@ Active:
 - Each worker runs on its own GPU when there are several (oracle/devices.py), else the CPU
   interpreter. The device of every worker is logged in the summary.
 - Hypothesis profiles: ``ci`` (loaded when CI is set: derandomized, no deadline, bounded examples),
-  ``dev`` (the default: example database on) and ``thorough`` (opt in: many examples). Choose with
+  ``dev`` (the default: example database on), ``thorough`` (opt in: many examples) and ``sample``
+  (a short random sample, four times CI's examples: GPU landings, scripts/h200.sh). Choose with
   ``--hypothesis-profile`` or HYPOTHESIS_PROFILE. A conftest.py's own profile of one of these names,
   or one it loaded itself, is kept.
 - A worker killed by a crash (a segfault under the interpreter, an illegal address on the GPU)
@@ -51,6 +52,7 @@ PROFILES = {
     "ci": {"derandomize": True, "database": None, "max_examples": 10, **_common},
     "dev": {"max_examples": 10, **_common},
     "thorough": {"max_examples": 400, **_common},
+    "sample": {"max_examples": 40, **_common},  # a short random sample beyond CI's ten (scripts/h200.sh landing)
 }
 
 

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One call on the lent H200 (../shared/gpu.md): install what the image lacks, then run the steps
 # named on the command line, each logging under $OUT. Usage (device tool, carry .whl):
+#   bash scripts/h200.sh info landing                     # what a landing needs: the whole suite, then a short random sample
 #   bash scripts/h200.sh info tests thorough liger-tests
 #   bash scripts/h200.sh report liger-report bench      # bench: carry liger-kernel's wheel in .whl
 #   bash scripts/h200.sh tune-rms-norm host-profile
 #   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
 #   bash scripts/h200.sh unsloth-tests unsloth-report   # .whl holds unsloth and unsloth_zoo 2026.10.9
 #   bash scripts/h200.sh scale sanitize                 # the full sweep + scale grid as the baseline; compute-sanitizer
-#   bash scripts/h200.sh flash-attn-tests               # carry .peers: flash-attn's sdist and einops (peers/flash_attn_triton)
+#   bash scripts/h200.sh flash-attn-tests flash-attn-report  # carry .peers: flash-attn's sdist and einops (peers/flash_attn_triton)
+#   bash scripts/h200.sh noise-tables compile-bench    # the derived noise model's tables; the kernels inside compiled models
 # With several GPUs, `monitor` logs each GPU's utilisation and memory every 2 s until the call ends.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -20,6 +22,12 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH="$PWD"
 fi
+FLASH_ATTN_OPS="fa_rotary fa_rotary_varlen fa_add_rms_norm fa_add_layer_norm"
+flash_attn() {  # a command with flash-attn's source and einops (carried in .peers) at hand
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .peers/einops-*.whl 2>&1 \
+    | grep -v "already exists" || true
+  PYTHONPATH="$PWD:/tmp/site" FLASH_ATTN_SOURCE=$(ls .peers/flash_attn-*.tar.gz) "$@"
+}
 for step in "$@"; do
   echo "=== $step $(date +%T)"
   case $step in
@@ -31,6 +39,14 @@ for step in "$@"; do
         tests/test_runtime.py tests/test_ops.py tests/test_engine.py tests/test_aliasing.py 2>&1 | tee "$OUT/pytest-smoke.log" | tail -45;;
     monitor)
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/gpu-usage.csv" &;;
+    landing)  # one call of at most 8 minutes (docs/howto/gpu-scale-and-sanitizer.md): failures named as they come (-v
+      # into the log), so a run cut by its limit still tells which; then a short random sample of the generic suite
+      CI=true timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -n auto -v -p no:cacheprovider --durations=15 \
+        > "$OUT/pytest-h200.log" 2>&1
+      echo "suite exit $?"; grep -E "(FAILED|ERROR) |^[0-9.]+s (call|setup|teardown) | (passed|failed).* in " \
+        "$OUT/pytest-h200.log" | tail -40
+      HYPOTHESIS_PROFILE=sample timeout ${SAMPLE_TIMEOUT:-120} python3 -m pytest -n auto -q -p no:cacheprovider \
+        tests/test_ops.py -k matches_hf 2>&1 | tee "$OUT/pytest-sample-h200.log" | grep -E "FAILED|ERROR|passed|failed";;
     tests)
       CI=true timeout ${TESTS_TIMEOUT:-400} python3 -m pytest -n auto -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-h200.log" | tail -25;;
     thorough)
@@ -51,12 +67,19 @@ for step in "$@"; do
       CI=true timeout 200 python3 -m pytest -n auto -p no:cacheprovider tests/test_ops.py --impl unsloth-inplace \
         2>&1 | tee "$OUT/pytest-unsloth-inplace-h200.log" | tail -15;;
     flash-attn-tests)  # flash-attn's Triton kernels (peers/flash_attn_triton): carry .peers, its sdist and einops' wheel
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .peers/einops-*.whl 2>&1 \
-        | grep -v "already exists" || true
-      PYTHONPATH="$PWD:/tmp/site" FLASH_ATTN_SOURCE=$(ls .peers/flash_attn-*.tar.gz) CI=true timeout ${PEERS_TIMEOUT:-200} \
-        python3 -m pytest -n auto -q -p no:cacheprovider --pyargs oracle.suite --op-module peers.flash_attn_triton.ops \
-        --impl peers.flash_attn_triton.impl:impl --ops fa_rotary,fa_rotary_varlen,fa_add_rms_norm,fa_add_layer_norm 2>&1 \
-        | tee "$OUT/pytest-flash-attn-h200.log" | tail -40;;
+      CI=true flash_attn timeout ${PEERS_TIMEOUT:-200} python3 -m pytest -n auto -q -p no:cacheprovider --pyargs oracle.suite \
+        --op-module peers.flash_attn_triton.ops --impl peers.flash_attn_triton.impl:impl --ops "${FLASH_ATTN_OPS// /,}" \
+        2>&1 | tee "$OUT/pytest-flash-attn-h200.log" | tail -40;;
+    flash-attn-report)  # the report's sweep and compute-sanitizer on flash-attn's kernels (carry .peers)
+      flash_attn timeout ${REPORT_TIMEOUT:-200} python3 -m oracle.report --op-module peers.flash_attn_triton.ops \
+        --impl peers.flash_attn_triton.impl:impl --ops $FLASH_ATTN_OPS --json "$OUT/drift-flash-attn-h200.json" \
+        --html /tmp/flash-attn.html 2>&1 | tee "$OUT/report-flash-attn-h200.log" | tail -25
+      flash_attn timeout ${SANITIZE_TIMEOUT:-200} python3 -m oracle.sanitize --op-module peers.flash_attn_triton.ops \
+        --impl peers.flash_attn_triton.impl:impl --ops $FLASH_ATTN_OPS --json "$OUT/sanitize-flash-attn-h200.json" 2>&1 \
+        | tee "$OUT/sanitize-flash-attn-h200.log" | tail -25;;
+    compile-bench)  # a Llama layer and small Llama and Gemma 3 models trained under torch.compile, with and without the kernels
+      timeout ${COMPILE_TIMEOUT:-240} python3 scripts/compile_bench.py --json "$OUT/compile-bench-h200.json" 2>&1 \
+        | tee "$OUT/compile-bench-h200.log" | grep -v Warning | tail -12;;
     unsloth-report)
       timeout ${REPORT_TIMEOUT:-300} python3 -m oracle.report --impl unsloth --full --json "$OUT/drift-unsloth-h200.json" \
         --html "$OUT/drift-unsloth-h200.html" 2>&1 | tee "$OUT/report-unsloth-h200.log" | tail -40;;
