@@ -139,7 +139,7 @@ for step in "$@"; do
           | tee "$OUT/pytest-thorough-derived-$impl-h200.log" | tail -12
       done;;
     noise-tables)  # the derived noise model against the hand-written ones: scale ratios and cost, on the GPU
-      timeout 300 python3 scripts/derived_noise_tables.py --device cuda --json "$OUT/derived-noise-h200.json" 2>&1 \
+      timeout ${NOISE_TIMEOUT:-300} python3 scripts/derived_noise_tables.py --device cuda --json "$OUT/derived-noise-h200.json" 2>&1 \
         | tee "$OUT/derived-noise-h200.log" | tail -40;;
     declared-liger)  # the declared ops of tests/declared_project against Liger-Kernel's counterparts (carry its wheel)
       (cd tests/declared_project && CI=true timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -n 8 -p no:cacheprovider \
