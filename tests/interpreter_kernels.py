@@ -209,3 +209,29 @@ def _bf16_atomic_add(Out, X, n, BLOCK: tl.constexpr):
 def bf16_atomic_add(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     _bf16_atomic_add[(1,)](out, x, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
     return out
+
+
+@triton.jit
+def _bf16_dot(C, A, B, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+    rm, rn, rk = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+    a = tl.load(A + rm[:, None] * K + rk[None, :])
+    b = tl.load(B + rk[:, None] * N + rn[None, :])
+    tl.store(C + rm[:, None] * N + rn[None, :], tl.dot(a, b))  # fp32 accumulator
+
+
+def bf16_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    c = torch.empty(a.shape[0], b.shape[1], dtype=torch.float32)
+    _bf16_dot[(1,)](c, a, b, M=a.shape[0], N=b.shape[1], K=a.shape[1])
+    return c
+
+
+@triton.jit
+def _bf16_exp(Y, X, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.exp(tl.load(X + offs, mask=offs < n)), mask=offs < n)
+
+
+def bf16_exp(x: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(x)
+    _bf16_exp[(1,)](y, x, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    return y

@@ -363,6 +363,21 @@ def test_16bit_arithmetic_and_sum_compute_as_a_gpu(k, dtype):
     assert abs(s.double().item() - exact) <= _tree_bound(want, 1024), (s.item(), exact)
 
 
+def test_a_bf16_dot_accumulates_in_fp32(k):
+    # at 8afd716: the raw bits multiplied as integers
+    gen = _gen(15)
+    a, b = torch.randn(16, 32, generator=gen).bfloat16(), torch.randn(32, 16, generator=gen).bfloat16()
+    torch.testing.assert_close(k.bf16_dot(a, b), a.float() @ b.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_tl_exp_on_bf16_is_refused_as_on_a_gpu(k):
+    # Triton's math functions accept fp32 and fp64 only, on a GPU as here: the kernel's own error
+    from triton.runtime.errors import InterpreterError
+
+    with pytest.raises(InterpreterError, match=r"Expected dtype \['fp32', 'fp64'\] but got bf16"):
+        k.bf16_exp(torch.randn(8, generator=_gen(16)).bfloat16())
+
+
 def test_16bit_arithmetic_is_corrected_and_the_correction_is_needed(k):
     assert interpreter.ensure_faithful_16bit_arithmetic() in ("corrected", "faithful")
     assert not any(interpreter.probe_16bit_arithmetic(torch.bfloat16).values())
