@@ -586,6 +586,28 @@ def _default_grid(op: Op, full: bool) -> list[dict]:
     return [_fit(op, g, budget.elements if full else 2**15, None) for g in grids]
 
 
+def _past_the_medium(op: Op, full: bool) -> list[dict]:
+    """The default grid's special sizes: each size a dim declares special above the medium one (the
+    block edges a declaration names, 1025 or 4097 columns: where a kernel that drops its last partial
+    block goes wrong, and the medium 1000 never reaches), the other dims small, shrunk (never the
+    special one) to the grid's budget. A size no tensor of that budget can hold is left out."""
+    medium, elements = (4097, C.GPU_BUDGET.elements) if full else (1000, 2**15)
+    small = {n: d.fit(7) for n, d in op.dims.items()}
+    out = []
+    for name, dim in op.dims.items():
+        for size in sorted({s for s in dim.special if s > medium and dim.low <= s <= dim.high}):
+            sizes = {**small, name: size}
+            while _largest(op, sizes) > elements:
+                others = [n for n in sizes if n != name and op.dims[n].fit(sizes[n] // 2) < sizes[n]]
+                if not others:
+                    break
+                biggest = max(others, key=sizes.get)
+                sizes[biggest] = op.dims[biggest].fit(sizes[biggest] // 2)
+            if _largest(op, sizes) <= elements:
+                out.append(sizes)
+    return out
+
+
 def _sweep(op: Op, full: bool) -> list[Case]:
     grids = list(op.full_sweep if full and op.full_sweep else op.sweep) or _default_grid(op, full)
     layouts = op.layout_tensors()
@@ -602,6 +624,10 @@ def _sweep(op: Op, full: bool) -> list[Case]:
             out.append(Case(op.name, variant, dtype, dict(grids[0]), "contiguous",
                             "large" if "large" in op.value_kinds else op.value_kinds[0],
                             _params(op, variant, lambda n, c: c[-1]), seed=len(out)))
+    if not (op.full_sweep if full and op.full_sweep else op.sweep):  # appended: the cases above keep their seeds
+        out += [Case(op.name, variant, dtype, sizes, "contiguous", "normal", _params(op, variant, lambda n, c: c[0]),
+                     seed=len(out) + i) for i, (variant, dtype, sizes) in
+                enumerate((v, d, s) for v in op.variants for d in op.dtypes for s in _past_the_medium(op, full))]
     return out
 
 
