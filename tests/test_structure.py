@@ -85,7 +85,8 @@ def test_a_list_of_ops_is_seen():
 ENGINE = ("oracle.cases", "oracle.specs", "oracle.reference", "oracle.memory", "oracle.watchdog", "oracle.scale",
           "oracle.devices", "oracle.compare", "oracle.noise", "oracle.declare", "oracle.registry", "oracle.ops",
           "oracle.workload", "oracle.impls", "oracle.adapters", "oracle.engine", "oracle.aliasing",
-          "oracle.compile_check", "oracle.interpreter")
+          "oracle.compile_check", "oracle.interpreter", "oracle.interpreter_arith", "oracle.interpreter_launch",
+          "oracle.interpreter_libdevice", "oracle.interpreter_refusal", "oracle.autotune")
 TOOLS = ("oracle.report", "oracle.sanitize", "oracle.repro", "oracle.bench", "oracle.environment", "oracle.suite", "oracle.pytest_plugin")
 
 
