@@ -479,7 +479,9 @@ def test_a_broken_op_module_is_a_usage_error_of_every_tool(tmp_path, monkeypatch
 
     env = {k: v for k, v in os.environ.items() if k not in (registry.ENVIRONMENT, "PYTEST_ADDOPTS")}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs", "oracle.suite",
+    # -p: the plugin, as an installed harness registers it (the GPU machine runs the checkout on PYTHONPATH)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "oracle.pytest_plugin", "-q",
+                           "--pyargs", "oracle.suite",
                            "--impl", "hf", "--op-module", "malformed_decls"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
