@@ -59,7 +59,8 @@ def parse(argv):
     parser.add_argument("--full", action="store_true", help="the large grid (meant for a GPU)")
     parser.add_argument("--scale", action="store_true",
                         help="add the scale grid: the sizes people train at, up to 2^31 elements (needs a CUDA GPU)")
-    parser.add_argument("--ops", nargs="+", choices=sorted(SPECS), help="only these ops")
+    parser.add_argument("--ops", nargs="+", metavar="OP", help=f"only these ops ({', '.join(sorted(SPECS))}, and "
+                                                                "those of --op-module)")
     parser.add_argument("--dtypes", nargs="+", choices=FLOAT_DTYPES, help="only these dtypes")
     parser.add_argument("--variants", nargs="+", help="only these variants (llama, gemma, plain, packed, default)")
     parser.add_argument("--no-checks", action="store_true", help="skip the aliasing graph checks")
@@ -76,6 +77,11 @@ def parse(argv):
     parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
                         help="join the shards' JSON files into one run (then --gate, --update-baseline as for a sweep)")
     args = parser.parse_args(argv)
+    unknown = [op for op in args.ops or () if op not in SPECS]
+    if unknown:  # argparse's own words, and where a declared op comes from
+        parser.error(f"argument --ops: invalid choice: {unknown[0]!r} (choose from {', '.join(sorted(SPECS))}). "
+                     "An op declared in your own repository needs its module: --op-module MODULE (repeatable), "
+                     "the ini option oracle_op_modules, or ORACLE_OP_MODULES")
     if args.merge and (args.from_json or args.shard):
         parser.error("--merge joins stored shards: it takes neither --from-json nor --shard")
     return args
@@ -101,7 +107,7 @@ def main(argv=None) -> int:
             implementation = load(args.impl)
             ops = implementation.select(args.ops)
             not_tested = {op: why for op, why in implementation.declared_lacking().items()
-                          if implementation.op(op) is None}
+                          if implementation.op(op) is None and (args.ops is None or op in args.ops)}
         if args.scale and not stored and not native_gpu():
             raise ValueError("--scale needs a CUDA GPU: its cases hold up to 2^31 elements, days of work for "
                              "Triton's interpreter")
@@ -120,6 +126,12 @@ def main(argv=None) -> int:
             run_keys = {(c.get("key"), c.get("identity")) for c in stored["cells"]} if stored else \
                 results.cell_keys(tasks)
             gate.check_overlap(run_keys, baseline, baseline_path)
+            if not stored:  # stored runs are judged after: compare() names what they lack
+                problem = gate.coverage_problem(run_keys, {t.case.op for t in tasks}, baseline,
+                                                gate.Selection.of(args), sweep.grid_name(args.full, args.scale), shard,
+                                                baseline_path)
+                if problem:
+                    raise gate.BaselineError(problem)
     except gate.BaselineError as exc:
         if not (args.update_baseline and not args.gate):
             return _usage_error(console, exc)
@@ -164,6 +176,9 @@ def main(argv=None) -> int:
         count = document["shards"]["count"]
         return _usage_error(console, f"shard(s) {', '.join(f'{k}/{count}' for k in missing)} missing: their cells "
                                      "were not judged")
+    if args.gate and gate.unasked(comparison):
+        return _usage_error(console, f"the gate never passes what it did not judge: {'; '.join(gate.unasked(comparison))} "
+                                     f"(against the baseline {baseline_path})")
     if args.gate and comparison["regressions"]:
         return 1
     return 0

@@ -7,8 +7,11 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import subprocess
+import sys
 from collections import defaultdict
 from dataclasses import asdict
+from pathlib import Path
 
 from ..cases import Case
 from ..engine import repro_command
@@ -28,13 +31,60 @@ def data_identity(case: Case) -> str:
     """What a cell's data is made from: the whole case (dims, layout, values, params, seed), hashed.
     Two grids may give one label to other data (the quick grid and the full one reuse labels with
     other seeds); the gate compares cells only where this matches."""
-    return hashlib.sha256(case_identity(asdict(case)).encode()).hexdigest()[:16]
+    return data_identity_of(asdict(case))
+
+
+def data_identity_of(case: dict) -> str:
+    """data_identity of a case description as a document holds it."""
+    return hashlib.sha256(case_identity(case).encode()).hexdigest()[:16]
 
 
 def cell_keys(tasks: list[Task]) -> set[tuple[str, str]]:
     """(key, data identity) of the cells a sweep of ``tasks`` will produce (build), known before it runs."""
     return {(cell_key(task.case, tensor), data_identity(task.case)) for task in tasks if task.kind == "case"
             for tensor in SPECS[task.case.op].compared()}
+
+
+def declared_ops(ops) -> dict[str, str]:
+    """The declared ops among ``ops`` (not the harness's own, oracle/ops/), each with its module."""
+    from ..ops import MODULES
+    from ..registry import where
+
+    built_in = {spec.name for module in MODULES for spec in module.SPECS}
+    return {op: where(op) for op in sorted(set(ops)) if op not in built_in}
+
+
+def _git(folder: Path) -> tuple[str, str] | None:
+    """The git repository holding ``folder``: its root and its commit (``-dirty`` with uncommitted
+    changes to tracked files), or None."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10)
+
+    try:
+        root, head, dirty = git("rev-parse", "--show-toplevel"), git("rev-parse", "--short=12", "HEAD"), \
+            git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if root.returncode or head.returncode:
+        return None
+    return root.stdout.strip(), head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def project(op_modules) -> dict | None:
+    """The user's repository, beside the harness's commit (environment.commit): the working
+    directory's git repository, or else that of the first module of declared ops that is in one;
+    None where that is the harness's own checkout (or no repository). ``from`` says which."""
+    harness = _git(Path(__file__).resolve().parent)
+    places = [(Path.cwd(), "the working directory")]
+    for name in dict.fromkeys(op_modules):
+        module = sys.modules.get(name)
+        if getattr(module, "__file__", None):
+            places.append((Path(module.__file__).resolve().parent, f"the op module {name}"))
+    for folder, how in places:
+        found = _git(folder)
+        if found and (harness is None or found[0] != harness[0]):
+            return {"root": found[0], "commit": found[1], "from": how}
+    return None
 
 
 def build(tasks: list[Task], answers: dict[int, dict], impl: str, grid: str, environment: dict,
@@ -73,6 +123,8 @@ def build(tasks: list[Task], answers: dict[int, dict], impl: str, grid: str, env
         "sweep": grid,  # sweep.grid_name
         "seconds": seconds,
         "environment": environment,
+        "declared": (declared := declared_ops(task.case.op for task in tasks)),
+        "project": project(declared.values()),
         "summary": summarize(cells, checks, cases),
         "cells": cells,
         "cases": cases,

@@ -50,6 +50,14 @@ def print_summary(document: dict, comparison: dict | None, console: Console) -> 
             console.print("  " + escape(line), highlight=False, soft_wrap=True)
         if len(comparison["regressions"]) > 30:
             console.print(f"  ... and {len(comparison['regressions']) - 30} more in the JSON")
+    drift = (comparison or {}).get("drift") or []
+    if drift:
+        console.print(f"{len(drift)} cell(s) changed within their verdicts (drift, not regressions: their error "
+                      "ratio and bit-identity to HF moved, their precision did not):")
+        for line in drift[:10]:
+            console.print("  " + escape(line), highlight=False, soft_wrap=True)
+        if len(drift) > 10:
+            console.print(f"  ... and {len(drift) - 10} more in the JSON")
 
 
 def maths_line(document: dict) -> str:
