@@ -324,7 +324,8 @@ def coverage_problem(run_keys: set[tuple[str, str]], run_ops: set[str], baseline
             missing[f"not in the {run_sweep} grid of this run (the baseline's is {baseline.get('sweep')})"] += 1
         else:
             missing["not in this run (renamed, or dropped from the grid)"] += 1
-    extra = [(key, identity) for key, identity in run_keys if key not in {c["key"] for c in baseline["cells"]}]
+    stored = {c["key"] for c in baseline["cells"]}
+    extra = [(key, identity) for key, identity in run_keys if key not in stored]
     new = _why_new([key for key, _ in extra], [{"key": k, "op": k.split("/", 1)[0]} for k, _ in extra], baseline,
                    run_sweep)
     clauses = [f"{n} baseline cell{'' if n == 1 else 's'} {why}" for why, n in missing.most_common()] + \
