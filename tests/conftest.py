@@ -2,25 +2,55 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).parent.parent
 # The slice the small report sweeps (RMSNorm, fp32, Llama, with the aliasing checks).
 SMALL_SLICE = ("--ops", "rms_norm", "--dtypes", "float32", "--variants", "llama", "--workers", "2")
 
 
+def once_per_session(tmp_path_factory, name: str, make) -> dict:
+    """``make(folder)``'s JSON-able result, made once for the whole session: under pytest-xdist a
+    session fixture runs once per worker that uses it (each report run a fixture makes cost up to
+    16 copies on the GPU machine), so the first worker makes it under a lock in the session's
+    shared temporary folder and the others read what it stored."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, stored = root / f"once-{name}", root / f"once-{name}.json"
+    with FileLock(str(root / f"once-{name}.lock")):
+        if not stored.exists():
+            folder.mkdir(exist_ok=True)
+            stored.write_text(json.dumps(make(folder)))
+    return json.loads(stored.read_text())
+
+
+def report_runs(runs: dict[str, list], timeout: int = 900) -> dict[str, subprocess.CompletedProcess]:
+    """Several ``python -m oracle.report`` runs at once (name -> arguments), each in its own process."""
+    started = {name: subprocess.Popen([sys.executable, "-m", "oracle.report", *map(str, args)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, cwd=ROOT) for name, args in runs.items()}
+    done = {}
+    for name, proc in started.items():
+        out, err = proc.communicate(timeout=timeout)
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return done
+
+
 @pytest.fixture(scope="session")
 def small_report(tmp_path_factory) -> dict:
     """A real ``python -m oracle.report`` run on a slice of the grid, stored with --update-baseline;
     ``slice`` is its arguments, for a test that repeats the run."""
-    out = tmp_path_factory.mktemp("report")
-    paths = {"json": out / "drift.json", "html": out / "drift.html", "baseline": out / "baseline.json"}
-    proc = subprocess.run([sys.executable, "-m", "oracle.report", *SMALL_SLICE, "--json", str(paths["json"]),
-                           "--html", str(paths["html"]), "--update-baseline", "--baseline", str(paths["baseline"])],
-                          capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {name: str(path) for name, path in paths.items()} | {"stdout": proc.stdout, "slice": list(SMALL_SLICE)}
+    def make(out: Path) -> dict:
+        paths = {"json": out / "drift.json", "html": out / "drift.html", "baseline": out / "baseline.json"}
+        proc = report_runs({"small": [*SMALL_SLICE, "--json", paths["json"], "--html", paths["html"],
+                                      "--update-baseline", "--baseline", paths["baseline"]]})["small"]
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return {name: str(path) for name, path in paths.items()} | {"stdout": proc.stdout}
+
+    return once_per_session(tmp_path_factory, "small-report", make) | {"slice": list(SMALL_SLICE)}

@@ -12,37 +12,38 @@ import pytest
 
 from oracle.ops import SPECS
 from oracle.report import shards, sweep
-from tests.conftest import ROOT
+from tests.conftest import ROOT, once_per_session, report_runs
 
 SLICE = ("--ops", "swiglu_fg_kernel", "--dtypes", "float32", "--workers", "1")  # 5 cases and 2 checks
 
 
-def _report(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "oracle.report", *SLICE, *map(str, args)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=900)
+def _runs(folder: Path) -> dict:
+    """The slice unsharded (stored as its own baseline) and in three shards, the four runs at once."""
+    whole = {"json": folder / "whole.json", "baseline": folder / "baseline.json"}
+    shard = [folder / f"shard-{k}.json" for k in (1, 2, 3)]
+    runs = {"whole": [*SLICE, "--json", whole["json"], "--html", folder / "whole.html", "--update-baseline",
+                      "--baseline", whole["baseline"]]}
+    runs |= {f"{k}/3": [*SLICE, "--shard", f"{k}/3", "--json", path, "--html", folder / f"shard-{k}.html"]
+             for k, path in zip((1, 2, 3), shard)}
+    for name, proc in report_runs(runs).items():
+        assert proc.returncode == 0, f"{name}: {proc.stdout}{proc.stderr}"
+    return {"whole": {name: str(path) for name, path in whole.items()}, "sharded": list(map(str, shard))}
 
 
 @pytest.fixture(scope="module")
-def whole(tmp_path_factory) -> dict:
-    """The slice unsharded, stored as its own baseline."""
-    out = tmp_path_factory.mktemp("whole")
-    paths = {"json": out / "whole.json", "baseline": out / "baseline.json"}
-    proc = _report("--json", paths["json"], "--html", out / "whole.html", "--update-baseline", "--baseline",
-                   paths["baseline"])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {name: str(path) for name, path in paths.items()}
+def runs(tmp_path_factory) -> dict:
+    return once_per_session(tmp_path_factory, "shards", _runs)
 
 
 @pytest.fixture(scope="module")
-def sharded(tmp_path_factory) -> list[Path]:
-    out = tmp_path_factory.mktemp("shards")
-    paths = []
-    for k in (1, 2, 3):
-        path = out / f"shard-{k}.json"
-        proc = _report("--shard", f"{k}/3", "--json", path, "--html", out / f"shard-{k}.html")
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert json.loads(path.read_text())["shard"]["index"] == k
-        paths.append(path)
+def whole(runs) -> dict:
+    return runs["whole"]
+
+
+@pytest.fixture(scope="module")
+def sharded(runs) -> list[Path]:
+    paths = [Path(p) for p in runs["sharded"]]
+    assert [json.loads(p.read_text())["shard"]["index"] for p in paths] == [1, 2, 3]
     return paths
 
 
