@@ -149,6 +149,7 @@ def main(argv=None) -> int:
     parser.add_argument("--small", action="store_true", help="tiny sizes (a smoke run; on a CPU)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement (default 20)")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--only", metavar="WORDS", help="only the targets whose name contains this (e.g. gemma)")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps takes a positive count")
@@ -156,7 +157,10 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     modes = [None, "reduce-overhead"] if device.type == "cuda" else [None]
     rows = []
-    for name, make_model, step_fn in targets(args.small, device, dtype):
+    chosen = [t for t in targets(args.small, device, dtype) if args.only is None or args.only in t[0]]
+    if not chosen:
+        parser.error(f"--only {args.only!r} names no target")
+    for name, make_model, step_fn in chosen:
         for mode in modes:
             result = {}
             for patched in (False, True):

@@ -78,8 +78,9 @@ for step in "$@"; do
         --impl peers.flash_attn_triton.impl:impl --ops $FLASH_ATTN_OPS --json "$OUT/sanitize-flash-attn-h200.json" 2>&1 \
         | tee "$OUT/sanitize-flash-attn-h200.log" | tail -25;;
     compile-bench)  # a Llama layer and small Llama and Gemma 3 models trained under torch.compile, with and without the kernels
-      timeout ${COMPILE_TIMEOUT:-240} python3 scripts/compile_bench.py --json "$OUT/compile-bench-h200.json" 2>&1 \
-        | tee "$OUT/compile-bench-h200.log" | grep -v Warning | tail -12;;
+      timeout ${COMPILE_TIMEOUT:-240} python3 scripts/compile_bench.py ${COMPILE_ONLY:+--only "$COMPILE_ONLY"} \
+        --json "$OUT/compile-bench-h200${COMPILE_ONLY:+-$COMPILE_ONLY}.json" 2>&1 \
+        | tee "$OUT/compile-bench-h200${COMPILE_ONLY:+-$COMPILE_ONLY}.log" | grep -v Warning | tail -12;;
     unsloth-report)
       timeout ${REPORT_TIMEOUT:-300} python3 -m oracle.report --impl unsloth --full --json "$OUT/drift-unsloth-h200.json" \
         --html "$OUT/drift-unsloth-h200.html" 2>&1 | tee "$OUT/report-unsloth-h200.log" | tail -40;;
