@@ -292,8 +292,8 @@ def _fresh(impl: Implementation, case: Case, device):
 @pytest.mark.parametrize("impl", ["kernels", "hf"])
 def test_the_compile_check_passes_the_kernels_and_hf(impl, device):
     """One short case per op (the bf16 pinned example of each spec's first variant): no failure and
-    no note, so every op compiles whole (HF's raw backwards take their gradients through
-    torch.func.vjp, which Dynamo traces; torch.autograd.grad was a graph break)."""
+    no note, so every op compiles whole (HF's raw backwards are custom ops, as the kernels' are:
+    torch.autograd.grad inside them was a graph break)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", compile_check.CompileNote)
         for spec in SPECS.values():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from hypothesis import strategies as st
@@ -19,12 +20,12 @@ from ..specs import DTYPES, ErrorInput, Programs, fill, generator
 
 def lora_backward(forward: Callable, DW, e, g, compute=None):
     """(h, df, de) by HF's autograd of ``h = forward(e, g)`` for the incoming gradient DW: what a raw
-    LoRA-MLP backward kernel must produce (df: g's gradient, de: e's). Through ``torch.func.vjp``,
-    the same backward formulas as ``torch.autograd.grad`` (the same bits) but traceable: under
-    torch.compile(fullgraph=True) autograd.grad and requires_grad_ are graph breaks, so HF's raw
-    backward could not be held to its eager bits by the compile check."""
-    h, pull_back = torch.func.vjp(lambda e, g: forward(e, g, compute=compute), e.detach(), g.detach())
-    de, df = pull_back(DW)
+    LoRA-MLP backward kernel must produce (df: g's gradient, de: e's). torch.autograd.grad, not
+    torch.func.vjp: vjp decomposes silu's backward, and in bf16 half of de's bits then differ."""
+    e_leaf, g_leaf = e.detach().requires_grad_(), g.detach().requires_grad_()
+    with torch.enable_grad():
+        h = forward(e_leaf, g_leaf, compute=compute)
+        de, df = torch.autograd.grad(h, (e_leaf, g_leaf), DW)
     return h.detach(), df, de
 
 
@@ -33,16 +34,38 @@ def raw_forward(reference: Callable) -> Callable:
     return lambda e, g: reference(e, g).detach()
 
 
-def raw_backward_into_buffers(reference: Callable) -> Callable:
-    """HF's maths as a raw backward kernel: h, df, de computed, then written into DW, e, g."""
-    def backward(DW, e, g):
-        h, df, de = reference(DW, e, g)
+_HF_RAW_BACKWARDS: dict[str, Callable] = {}
+
+
+def raw_backward_into_buffers(reference: Callable, name: str) -> Callable:
+    """HF's maths as the raw backward kernel ``name``: h, df, de computed, then written into DW, e, g.
+
+    Like the kernels' raw backwards it is a torch.library custom op (``oracle_hf::<name>``, DW, e
+    and g mutated) behind a wrapper returning the buffers: torch.autograd.grad inside is a graph
+    break under torch.compile(fullgraph=True), an opaque op is not, so the compile check holds HF's
+    raw backwards to their eager bits as it holds any implementation's. An op's body runs below
+    autograd's dispatch keys, where nothing records a graph, so HF's autograd runs in a thread of
+    its own (dispatch state is per thread; a new one starts with autograd on)."""
+    if name in _HF_RAW_BACKWARDS:  # one op per name, however often the op's module builds its specs
+        return _HF_RAW_BACKWARDS[name]
+
+    @torch.library.custom_op(f"oracle_hf::{name}", mutates_args=("DW", "e", "g"))
+    def op(DW: torch.Tensor, e: torch.Tensor, g: torch.Tensor) -> None:
+        with ThreadPoolExecutor(1) as autograd_on:
+            h, df, de = autograd_on.submit(reference, DW, e, g).result()
         with torch.no_grad():
             DW.copy_(h)
             e.copy_(df)
             g.copy_(de)
+
+    op.register_fake(lambda DW, e, g: None)
+
+    def backward(DW, e, g):
+        op(DW, e, g)
         return DW, e, g
 
+    backward.custom_op = op
+    _HF_RAW_BACKWARDS[name] = backward
     return backward
 
 

@@ -216,7 +216,7 @@ def _raw_specs(approximate: str, kind: str) -> tuple[OpSpec, OpSpec]:
         buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"}, may_clobber=("DW", "e", "g"),
         float64_cases=(Case(bwd_name, "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers", {}, seed=1),),
         error_inputs=elementwise_errors(("DW", "e", "g"), raw=True), noise=_raw_backward_noise(approximate),
-        hf=raw_backward_into_buffers(backward),
+        hf=raw_backward_into_buffers(backward, bwd_name),
     )
     return fwd, bwd
 

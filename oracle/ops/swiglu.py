@@ -192,7 +192,7 @@ SWIGLU_BACKWARD = OpSpec(
     float64_cases=(Case("swiglu_DWf_DW_dfg_kernel", "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers",
                         {}, seed=1),),
     error_inputs=elementwise_errors(("DW", "e", "g"), raw=True), noise=_RAW_BACKWARD_NOISE,
-    hf=raw_backward_into_buffers(swiglu_lora_backward),
+    hf=raw_backward_into_buffers(swiglu_lora_backward, "swiglu_DWf_DW_dfg_kernel"),
 )
 
 SPECS = (SWIGLU, SWIGLU_FG, SWIGLU_BACKWARD)
