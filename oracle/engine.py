@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from . import noise
+from . import autotune, noise
 from . import reference as R
 from . import scale
 from .cases import Case
@@ -46,8 +46,9 @@ CASES_RUN: Counter = Counter()
 COVERAGE: Counter = Counter()
 # Called with (case, impl name[, check]) before a case or an aliasing check runs and (None, None)
 # after, so that a crash that kills the process can still be traced to it (the pytest plugin
-# records it for xdist).
-INFLIGHT_HOOKS: list[Callable] = []
+# records it for xdist); and so that an autotuned kernel runs the one config the case's number
+# chooses, in every tool (oracle/autotune.py, Note [One config per case]).
+INFLIGHT_HOOKS: list[Callable] = [autotune.case_hook]
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class CaseResult:
     seconds: float = 0.0
     scope: str = ""  # what was judged, where not the whole case (a case at scale)
     generic: dict = field(default_factory=dict)  # reference ops the derived model's generic rule modelled
+    configs: list[str] = field(default_factory=list)  # "kernel: config" of each autotuned launch the case ran
 
     def __repr__(self) -> str:  # the case and the outcome; explain() has the rest
         return f"CaseResult({self.status}: {self.case.summary()} [impl {self.impl}])"
@@ -108,7 +110,8 @@ class CaseResult:
     def to_dict(self) -> dict:
         return {"case": asdict(self.case), "impl": self.impl, "status": self.status,
                 "verdicts": [v.to_dict() for v in self.verdicts], "findings": [asdict(f) for f in self.findings],
-                "error": self.error, "seconds": self.seconds, "repro": self.repro, "explain": self.explain()}
+                "error": self.error, "seconds": self.seconds, "repro": self.repro, "configs": self.configs,
+                "explain": self.explain()}
 
     def explain(self) -> str:
         """A failure report a person can act on: the case, metrics per tensor, findings, the repro."""
@@ -119,6 +122,8 @@ class CaseResult:
                                         "fast (Triton's tl.exp granted; oracle/noise/rounding.py, Note [Fast maths])"))
         if self.scope:
             lines.append(f"  {self.scope}")
+        if self.configs:  # oracle/autotune.py: the case's number chose them; its rerun runs them again
+            lines.append("  autotuned, judged with: " + "; ".join(self.configs))
         for v in self.verdicts:
             mark = "ok  " if v.passed else "FAIL"
             lines.append(
@@ -601,6 +606,7 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
     except Exception:  # noqa: BLE001 - any exception is a result to report, with its traceback
         result.status = "error"
         result.error = traceback.format_exc(limit=-6)
+    result.configs = autotune.chosen()
     for hook in INFLIGHT_HOOKS:
         hook(None, None)
     CASES_RUN[(case.op, case.dtype)] += 1

@@ -173,6 +173,9 @@ class Implementation:
         if isinstance(self.target, Partial):  # built by implementation(): its op names, now
             self.target.check()
 
+    def __repr__(self) -> str:  # what pytest and hypothesis print of a test's argument: the name, not the target
+        return f"Implementation({self.name!r})"
+
     def op(self, op: str):
         return getattr(self.target, op, None)
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from oracle.environment import platform_key
+from tests.conftest import once_per_session
 
 pytestmark = pytest.mark.skipif(platform_key() != "cpu-interpreter", reason="the interpreter's CPU gate")
 
@@ -189,8 +190,15 @@ class Repository:
 def repository(tmp_path_factory) -> Repository:
     """A fresh repository with the op, its kernel and the kernel's three changed copies, committed;
     the kernel's baseline of the default grid stored in it (ci/oracle-baseline.json), and one of the
-    full grid (ci/full-baseline.json); then every gate of the tests below, run at once."""
-    root = tmp_path_factory.mktemp("user-repository")
+    full grid (ci/full-baseline.json); then every gate of the tests below, run at once. Made once per
+    session, whichever xdist workers run the tests (tests/conftest.py, once_per_session)."""
+    made = once_per_session(tmp_path_factory, "user-repository", _make_repository)
+    repo = Repository(Path(made["root"]))
+    repo.commit, repo.runs = made["commit"], {name: tuple(run) for name, run in made["runs"].items()}
+    return repo
+
+
+def _make_repository(root: Path) -> dict:
     (root / "scaled_tanh_ops.py").write_text(OPS)
     (root / "scaled_tanh_triton.py").write_text(KERNEL)
     for name, (line, changed) in CHANGES.items():
@@ -213,7 +221,7 @@ def repository(tmp_path_factory) -> Repository:
         "last-block": ("changed_last_block_skipped:impl", *gate),
         "bf16-partials": ("changed_bf16_partials:impl", *gate),
         "quick-against-full": ("scaled_tanh_triton:impl", "--gate", "--baseline", "ci/full-baseline.json")})
-    return repo
+    return {"root": str(root), "commit": repo.commit, "runs": repo.runs}
 
 
 def last_line(out: str) -> str:
