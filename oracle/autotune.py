@@ -66,7 +66,7 @@ def case_number(case) -> int:
     return int.from_bytes(hashlib.sha256(case.summary().encode()).digest()[:8], "little")
 
 
-def case_hook(case, impl_name=None) -> None:
+def case_hook(case, impl_name=None, check=None) -> None:
     """An ``oracle.engine.INFLIGHT_HOOKS`` hook: pins autotuned launches to ``case_number(case)`` from
     the start of a case to its end (``case`` None); ``chosen()`` keeps naming the configs of the case
     that just ended until the next one starts, for its failure text."""

@@ -26,6 +26,7 @@ import types
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 from oracle.impls import ImplementationUnavailable
 
@@ -51,13 +52,20 @@ def _package_root() -> Path:
     if not tarfile.is_tarfile(path):
         raise ImplementationUnavailable(f"{SOURCE}={given} is neither a directory nor a tarball")
     target = Path(tempfile.gettempdir()) / f"kernel-oracle-{path.stem.removesuffix('.tar')}"
-    with tarfile.open(path) as archive:  # only the kernels' pure-Python files
-        members = [m for m in archive.getmembers() if m.isfile() and m.name.split("/", 1)[-1] in NEEDED]
-        if len(members) != len(NEEDED):
-            raise ImplementationUnavailable(f"{given} lacks some of {', '.join(NEEDED)}")
-        for member in members:
-            member.name = member.name.split("/", 1)[1]
-        archive.extractall(target, members=members, filter="data")
+    # Every xdist worker loads this module at once: one extracts, under a lock, into a folder of its
+    # own renamed into place, so no worker imports a file another is still writing (on the H200 one
+    # imported a truncated layers/rotary.py, and flash_attn.ops.triton.rotary was never imported).
+    with FileLock(f"{target}.lock"):
+        if not target.is_dir():
+            partial = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
+            with tarfile.open(path) as archive:  # only the kernels' pure-Python files
+                members = [m for m in archive.getmembers() if m.isfile() and m.name.split("/", 1)[-1] in NEEDED]
+                if len(members) != len(NEEDED):
+                    raise ImplementationUnavailable(f"{given} lacks some of {', '.join(NEEDED)}")
+                for member in members:
+                    member.name = member.name.split("/", 1)[1]
+                archive.extractall(partial, members=members, filter="data")
+            os.replace(partial, target)
     return target
 
 
