@@ -25,17 +25,26 @@ def _version(package: str) -> str | None:
         return None
 
 
-def git_commit() -> str | None:
+def git_repository(folder: Path) -> tuple[str, str] | None:
+    """The git repository holding ``folder``: its root and its commit (``-dirty`` with uncommitted
+    changes to tracked files), or None."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10)
+
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10, cwd=Path(__file__).resolve().parent)
+        root, head, dirty = git("rev-parse", "--show-toplevel"), git("rev-parse", "--short=12", "HEAD"), \
+            git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode:
+    if root.returncode or head.returncode:
         return None
-    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    return root.stdout.strip(), head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def git_commit() -> str | None:
+    """The harness checkout's commit (see git_repository), or None outside a repository."""
+    found = git_repository(Path(__file__).resolve().parent)
+    return found[1] if found else None
 
 
 def platform_key() -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import subprocess
 import sys
 from collections import defaultdict
 from dataclasses import asdict
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from ..cases import Case
 from ..engine import repro_command
+from ..environment import git_repository
 from ..ops import SPECS
 from .sweep import Task, columns_of
 
@@ -54,34 +54,18 @@ def declared_ops(ops) -> dict[str, str]:
     return {op: where(op) for op in sorted(set(ops)) if op not in built_in}
 
 
-def _git(folder: Path) -> tuple[str, str] | None:
-    """The git repository holding ``folder``: its root and its commit (``-dirty`` with uncommitted
-    changes to tracked files), or None."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10)
-
-    try:
-        root, head, dirty = git("rev-parse", "--show-toplevel"), git("rev-parse", "--short=12", "HEAD"), \
-            git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if root.returncode or head.returncode:
-        return None
-    return root.stdout.strip(), head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
 def project(op_modules) -> dict | None:
     """The user's repository, beside the harness's commit (environment.commit): the working
     directory's git repository, or else that of the first module of declared ops that is in one;
     None where that is the harness's own checkout (or no repository). ``from`` says which."""
-    harness = _git(Path(__file__).resolve().parent)
+    harness = git_repository(Path(__file__).resolve().parent)
     places = [(Path.cwd(), "the working directory")]
     for name in dict.fromkeys(op_modules):
         module = sys.modules.get(name)
         if getattr(module, "__file__", None):
             places.append((Path(module.__file__).resolve().parent, f"the op module {name}"))
     for folder, how in places:
-        found = _git(folder)
+        found = git_repository(folder)
         if found and (harness is None or found[0] != harness[0]):
             return {"root": found[0], "commit": found[1], "from": how}
     return None
