@@ -41,7 +41,7 @@ for step in "$@"; do
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/gpu-usage.csv" &;;
     landing)  # one call of at most 8 minutes (docs/howto/gpu-scale-and-sanitizer.md): failures named as they come (-v
       # into the log), so a run cut by its limit still tells which; then a short random sample of the generic suite
-      CI=true timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -n auto -v -p no:cacheprovider --durations=15 \
+      CI=true timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -n auto -v -p no:cacheprovider --durations=${DURATIONS:-15} \
         > "$OUT/pytest-h200.log" 2>&1
       echo "suite exit $?"; grep -E "(FAILED|ERROR) |^[0-9.]+s (call|setup|teardown) | (passed|failed).* in " \
         "$OUT/pytest-h200.log" | tail -40
