@@ -27,6 +27,9 @@ ROOT = Path(__file__).parent.parent
 # The fresh venv pins torch==2.13.0, which resolves to a CPU build only on the CPU machines, and the
 # GPU machine reaches no package index: these tests run in the CPU suite (CI).
 needs_pypi = pytest.mark.skipif(torch.cuda.is_available(), reason="builds and installs from PyPI: CPU CI runs it")
+# The tests of the fresh venv run in one xdist worker (addopts: --dist loadgroup), so that the session
+# builds the wheel and the venv once (minutes on 2 cores), not once per worker.
+in_the_fresh_venv = pytest.mark.xdist_group("fresh-venv")
 
 AUTHOR_MODULE = '''
 """A kernel author's RMSNorm in plain torch, Hugging Face's maths (LlamaRMSNorm, GemmaRMSNorm); the
@@ -122,6 +125,7 @@ def _report(author, impl: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @needs_pypi
+@in_the_fresh_venv
 def test_the_wheel_holds_the_harness_and_its_plugin_and_no_kernels(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
@@ -138,6 +142,7 @@ def test_the_wheel_holds_the_harness_and_its_plugin_and_no_kernels(wheel):
 
 
 @needs_pypi
+@in_the_fresh_venv
 def test_an_author_runs_the_suite_the_report_and_the_gate_outside_the_checkout(author):
     passed = _suite(author, "mykernels:ops", "-n", "2")
     out = passed.stdout + passed.stderr
@@ -164,6 +169,7 @@ def test_an_author_runs_the_suite_the_report_and_the_gate_outside_the_checkout(a
 
 
 @needs_pypi
+@in_the_fresh_venv
 def test_hugging_faces_kernels_and_this_package_share_an_environment(author, wheel):
     def python(code: str) -> str:
         proc = _run([author.python, "-c", code], author.home, author.env)
