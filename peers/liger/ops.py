@@ -137,7 +137,9 @@ def sparsemax(X):
     z, _ = torch.sort(X, dim=-1, descending=True)
     k = torch.arange(1, X.shape[-1] + 1, device=X.device, dtype=X.dtype)
     running = z.cumsum(-1)
-    support = (1 + k * z > running).sum(-1, keepdim=True)  # how many entries stay positive
+    # how many entries stay positive: at least the largest (1 + z_1 > z_1 is exact maths, which a
+    # 16-bit 1 + z_1 rounded back to z_1 would deny)
+    support = (1 + k * z > running).sum(-1, keepdim=True).clamp(min=1)
     tau = (running.gather(-1, support - 1) - 1) / support.to(X.dtype)
     return torch.clamp(X - tau, min=0)
 
