@@ -49,6 +49,7 @@ from oracle import noise
 from oracle.noise import NOISE_SDS
 from oracle.noise.shadow import Shadow, evaluating
 from oracle.ops.rope import packed_positions
+from tests.one_thread import one_torch_thread  # noqa: F401 (autouse: one torch thread per test)
 
 from transformers import (
     Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config,
@@ -56,8 +57,10 @@ from transformers import (
 )
 
 ON_CPU = _runtime.interpreted()
-# Small enough for the interpreter in CI; larger on a GPU.
-SIZE = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+# Small enough for the interpreter in CI; larger on a GPU. One decoder layer on the CPU: every patched
+# module (each norm, RoPE, the gated MLP) and the residual stream's gradient through them are in it,
+# and a second layer only repeats them on the interpreter's and the shadow runs' time.
+SIZE = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=64) if ON_CPU else \
     dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
          head_dim=32, vocab_size=512)
@@ -201,26 +204,48 @@ def typical_failures(k: dict, h: dict, ref: Reference) -> list[str]:
     return out
 
 
+# HF's side of a comparison (the shadow runs of ``reference`` and the unpatched run), made once per
+# model and batch and shared by the tests that judge a patched run of the same model: the shadow runs
+# are most of a test's time. Tests that share one are in one xdist_group, so that they share a worker.
+_HF_RUNS: dict = {}
+
+
+def _hf_runs(base, inputs: dict, steps: int, make):
+    key = (type(base).__name__, base.config.to_json_string(use_diff=True), str(next(base.parameters()).dtype),
+           str(next(base.parameters()).device), steps,
+           tuple((name, tuple(v.shape), tuple(v.flatten().tolist())) for name, v in sorted(inputs.items())))
+    if key not in _HF_RUNS:
+        _HF_RUNS[key] = make()
+    return _HF_RUNS[key]
+
+
 def three_runs(arch: str, dtype: torch.dtype, inputs: dict, device, config: dict | None = None, **patch_options):
     base = tiny_model(arch, dtype, device, **(config or {}))
-    ref = reference(base, inputs)
-    h = forward_backward(base, inputs)
+    ref, h = _hf_runs(base, inputs, 0, lambda: (reference(base, inputs), forward_backward(base, inputs)))
     mine = copy.deepcopy(base)
     with patched(mine, **patch_options):
         k = forward_backward(mine, inputs)
     return k, h, ref
 
 
+# The tests sharing one of _hf_runs's entries: Gemma 3's float32 packed forward and backward, Llama's
+# training run.
+GEMMA_PACKED = pytest.mark.xdist_group("test_models: gemma3 float32 packed")
+LLAMA_TRAINING = pytest.mark.xdist_group("test_models: llama training")
+
 CASES = [(arch, torch.float32, kind) for arch in ARCHS for kind in ("padded", "packed")] + \
     [(arch, torch.bfloat16, "packed") for arch in ARCHS]
 
 
-@pytest.mark.parametrize("arch, dtype, kind", CASES, ids=lambda v: str(v).removeprefix("torch."))
+@pytest.mark.parametrize("arch, dtype, kind", [
+    pytest.param(*case, marks=[GEMMA_PACKED] if case == ("gemma3", torch.float32, "packed") else [])
+    for case in CASES], ids=lambda v: str(v).removeprefix("torch."))
 def test_patched_model_matches_unpatched(arch, dtype, kind, device):
     k, h, ref = three_runs(arch, dtype, batch(kind, device), device)
     assert failures(k, h, ref) == []
 
 
+@GEMMA_PACKED
 def test_rms_norm_writing_into_its_shared_gradient_breaks_gemma(device):
     """Gemma adds a post-norm's output to the residual stream, so that norm's incoming gradient is
     the residual's too: the opt-in write_dx_into_dy mode corrupts it, and the comparison says so
@@ -233,15 +258,14 @@ def test_rms_norm_writing_into_its_shared_gradient_breaks_gemma(device):
 def training_runs(arch: str, device, **patch_options):
     inputs = batch("packed", device)
     base = tiny_model(arch, torch.float32, device)
-    ref = reference(base, inputs, steps=STEPS)
+    ref, h = _hf_runs(base, inputs, STEPS, lambda: (reference(base, inputs, steps=STEPS), train(copy.deepcopy(base), inputs)))
     mine = copy.deepcopy(base)
-    h = train(copy.deepcopy(base), inputs)
     with patched(mine, **patch_options):
         k = train(mine, inputs)
     return k, h, ref
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", [pytest.param("llama", marks=LLAMA_TRAINING), "gemma3"])
 def test_short_training_run_agrees(arch, device):
     k, h, ref = training_runs(arch, device)
     assert typical_failures(k, h, ref) == [], arch
@@ -280,6 +304,7 @@ BUGS = {"a dropped gradient term": ("rms_norm", _rms_norm_without_projection),
         "a low-precision intermediate": ("swiglu", _swiglu_with_bf16_sigmoid)}
 
 
+@LLAMA_TRAINING
 @pytest.mark.parametrize("bug", BUGS)
 def test_short_training_run_catches_a_wrong_kernel(bug, device, monkeypatch):
     """The same training run, with one kernel replaced by a wrong one, fails."""
@@ -331,7 +356,8 @@ def gated_mlp_ops(model, inputs) -> list:
     return seen
 
 
-@pytest.mark.parametrize("activation, approximate", [("gelu_pytorch_tanh", "tanh"), ("gelu", "none")])
+@pytest.mark.parametrize("activation, approximate", [pytest.param("gelu_pytorch_tanh", "tanh", marks=GEMMA_PACKED),
+                                                      ("gelu", "none")])
 def test_gemma_is_fully_patched_and_matches(activation, approximate, device):
     """Norms, RoPE and the GeLU-gated MLP all run the kernels (the MLP through kernels.geglu with the
     config's approximation), and the model still matches HF."""
