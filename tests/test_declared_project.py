@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_packaging import _run, author, in_the_fresh_venv, needs_pypi, wheel  # noqa: F401  (fixtures)
+from tests.test_packaging import _run, author, fresh_venv, needs_pypi, wheel  # noqa: F401  (fixtures)
 
 PROJECT = Path(__file__).parent / "declared_project"
 OPS = ("layer_norm", "fused_add_rms_norm", "cross_entropy", "softmax", "gemm_gelu")
@@ -34,7 +34,6 @@ def _suite(author, cwd, *args):  # noqa: F811
 
 
 @needs_pypi
-@in_the_fresh_venv
 @pytest.mark.parametrize("checks", [
     pytest.param("matches_hf and float32", id="float32"),
     pytest.param("", id="every-check-and-dtype", marks=pytest.mark.slow),
@@ -51,7 +50,6 @@ def test_compile_of_every_reference_passes_found_by_the_entry_point(author, proj
 
 
 @needs_pypi
-@in_the_fresh_venv
 def test_a_planted_bug_in_each_fails(author, project):  # noqa: F811
     """One implementation with a bug in each of the four ops: every op's suite fails, each with a repro."""
     proc = _suite(author, project, "--op-module", "declared_ops", "--impl", "impls:bugs", "--ops", ",".join(OPS[:4]),
@@ -63,7 +61,6 @@ def test_a_planted_bug_in_each_fails(author, project):  # noqa: F811
 
 
 @needs_pypi
-@in_the_fresh_venv
 def test_the_ini_option_and_the_report(author, project, tmp_path):  # noqa: F811
     """oracle_op_modules in the project's pytest configuration; the report sweeps a declared op."""
     (tmp_path / "pytest.ini").write_text("[pytest]\noracle_op_modules =\n    declared_ops\n")

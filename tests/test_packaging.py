@@ -22,14 +22,12 @@ import pytest
 import torch
 
 from oracle import impls
+from tests.conftest import once_per_session
 
 ROOT = Path(__file__).parent.parent
 # The fresh venv pins torch==2.13.0, which resolves to a CPU build only on the CPU machines, and the
 # GPU machine reaches no package index: these tests run in the CPU suite (CI).
 needs_pypi = pytest.mark.skipif(torch.cuda.is_available(), reason="builds and installs from PyPI: CPU CI runs it")
-# The tests of the fresh venv run in one xdist worker (addopts: --dist loadgroup), so that the session
-# builds the wheel and the venv once (minutes on 2 cores), not once per worker.
-in_the_fresh_venv = pytest.mark.xdist_group("fresh-venv")
 
 AUTHOR_MODULE = '''
 """A kernel author's RMSNorm in plain torch, Hugging Face's maths (LlamaRMSNorm, GemmaRMSNorm); the
@@ -72,43 +70,77 @@ def _outside_env(bin_dir: Path | None = None) -> dict:
     return env | {"CI": "true"}  # the derandomized hypothesis profile
 
 
-@pytest.fixture(scope="session")
-def wheel(tmp_path_factory) -> Path:
+def _build_wheel(folder: Path) -> dict:
     """The wheel of this repository's files as git lists them (tracked, and untracked but not
     ignored), built from a copy so that nothing is written into the checkout."""
-    src = tmp_path_factory.mktemp("src")
+    src, dist = folder / "src", folder / "dist"
     listed = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], ROOT)
     assert listed.returncode == 0, listed.stderr
     for name in filter(None, listed.stdout.split("\0")):
         if (ROOT / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
-    dist = tmp_path_factory.mktemp("dist")
     built = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, src], ROOT)
     assert built.returncode == 0, built.stdout + built.stderr
     (path,) = dist.glob("kernel_oracle-*.whl")
-    return path
+    return {"path": str(path)}
 
 
 @pytest.fixture(scope="session")
-def author(wheel, tmp_path_factory) -> SimpleNamespace:
-    """A fresh venv with torch and the wheel (extras test and report), and an author's directory
-    holding their implementation (mykernels.py), far from this checkout."""
+def wheel(tmp_path_factory) -> Path:
+    return Path(once_per_session(tmp_path_factory, "wheel", _build_wheel)["path"])
+
+
+def _install_fresh_venv(folder: Path, wheel: Path) -> dict:
+    venv = folder / "venv"
+    made = _run([sys.executable, "-m", "venv", venv], folder)
+    assert made.returncode == 0, made.stderr
+    installed = _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "torch==2.13.0", f"{wheel}[test,report]"],
+                     folder, _outside_env(venv / "bin"), 900)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    return {"venv": str(venv)}
+
+
+@pytest.fixture(scope="session")
+def fresh_venv(wheel, tmp_path_factory) -> Path:
+    """A fresh venv with torch and the wheel (extras test and report), installed once per session
+    (minutes on 2 cores) and never changed: each module works in a copy of it (``author``)."""
+    return Path(once_per_session(tmp_path_factory, "fresh-venv", lambda folder: _install_fresh_venv(folder, wheel))["venv"])
+
+
+def _copy_venv(venv: Path, copy: Path) -> None:
+    """A hard-linked copy of a venv (seconds, not the minutes of an install). What pip installs or
+    replaces in the copy gets files of its own, so the original stays as it was; the scripts that
+    name the original's path are rewritten into new files."""
+    copied = _run(["cp", "-al", venv, copy], venv.parent)
+    assert copied.returncode == 0, copied.stderr
+    for script in (copy / "bin").iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        text = script.read_bytes()
+        if str(venv).encode() in text:
+            script.unlink()  # the new file must not be the original's inode
+            script.write_bytes(text.replace(str(venv).encode(), str(copy).encode()))
+            script.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def author(fresh_venv, tmp_path_factory) -> SimpleNamespace:
+    """A copy of the fresh venv for this module (its tests install into it) and an author's
+    directory holding their implementation (mykernels.py), far from this checkout."""
     root = tmp_path_factory.mktemp("outside")
     venv, home = root / "venv", root / "author"
-    made = _run([sys.executable, "-m", "venv", venv], root)
-    assert made.returncode == 0, made.stderr
+    _copy_venv(fresh_venv, venv)
     python = venv / "bin" / "python"
     env = _outside_env(venv / "bin")
-    installed = _run([python, "-m", "pip", "install", "-q", "torch==2.13.0", f"{wheel}[test,report]"], root, env, 900)
-    assert installed.returncode == 0, installed.stdout + installed.stderr
     home.mkdir()
     (home / "mykernels.py").write_text(AUTHOR_MODULE)
-    where = "import oracle, importlib.util; print(oracle.__file__); print(importlib.util.find_spec('kernels'))"
+    where = "import oracle, importlib.util, sys; print(oracle.__file__); print(importlib.util.find_spec('kernels')); print(sys.prefix)"
     site = _run([python, "-c", where], home, env)
-    oracle_file, kernels_spec = site.stdout.split()
-    # the harness comes from the venv, and the wheel claims no `kernels`
-    assert Path(oracle_file).is_relative_to(venv) and kernels_spec == "None", site.stdout + site.stderr
+    oracle_file, kernels_spec, prefix = site.stdout.split()
+    # the harness comes from this copy of the venv, and the wheel claims no `kernels`
+    assert Path(oracle_file).is_relative_to(venv) and Path(prefix) == venv and kernels_spec == "None", \
+        site.stdout + site.stderr
     return SimpleNamespace(python=python, pytest=venv / "bin" / "pytest", home=home, env=env,
                            package=Path(oracle_file).parent)
 
@@ -125,7 +157,6 @@ def _report(author, impl: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @needs_pypi
-@in_the_fresh_venv
 def test_the_wheel_holds_the_harness_and_its_plugin_and_no_kernels(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
@@ -142,7 +173,6 @@ def test_the_wheel_holds_the_harness_and_its_plugin_and_no_kernels(wheel):
 
 
 @needs_pypi
-@in_the_fresh_venv
 def test_an_author_runs_the_suite_the_report_and_the_gate_outside_the_checkout(author):
     passed = _suite(author, "mykernels:ops", "-n", "2")
     out = passed.stdout + passed.stderr
@@ -169,8 +199,7 @@ def test_an_author_runs_the_suite_the_report_and_the_gate_outside_the_checkout(a
 
 
 @needs_pypi
-@in_the_fresh_venv
-def test_hugging_faces_kernels_and_this_package_share_an_environment(author, wheel):
+def test_hugging_faces_kernels_and_this_package_share_an_environment(author, wheel, fresh_venv):
     def python(code: str) -> str:
         proc = _run([author.python, "-c", code], author.home, author.env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -200,6 +229,10 @@ def test_hugging_faces_kernels_and_this_package_share_an_environment(author, whe
                  author.home, author.env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert python(hf).split() == [where, "True", "0.17.2"]
+    # all of it happened in this module's copy: the session's venv has no `kernels`, and its harness is intact
+    original = _run([fresh_venv / "bin" / "python", "-c", "import importlib.util as u, oracle.suite; print(u.find_spec('kernels'))"],
+                    author.home, author.env)
+    assert original.returncode == 0 and original.stdout.strip() == "None", original.stdout + original.stderr
 
 
 def test_the_builtin_kernels_are_this_checkouts_and_never_another_package(tmp_path, monkeypatch):
