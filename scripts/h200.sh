@@ -10,6 +10,7 @@
 #   bash scripts/h200.sh scale sanitize                 # the full sweep + scale grid as the baseline; compute-sanitizer
 #   bash scripts/h200.sh flash-attn-tests flash-attn-report  # carry .peers: flash-attn's sdist and einops (peers/flash_attn_triton)
 #   bash scripts/h200.sh noise-tables compile-bench    # the derived noise model's tables; the kernels inside compiled models
+#   bash scripts/h200.sh liger-peer                     # carry .peers: Liger-Kernel 0.8.5's wheel (peers/liger)
 # With several GPUs, `monitor` logs each GPU's utilisation and memory every 2 s until the call ends.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -27,6 +28,13 @@ flash_attn() {  # a command with flash-attn's source and einops (carried in .pee
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .peers/einops-*.whl 2>&1 \
     | grep -v "already exists" || true
   PYTHONPATH="$PWD:/tmp/site" FLASH_ATTN_SOURCE=$(ls .peers/flash_attn-*.tar.gz) "$@"
+}
+LIGER_OPS="layer_norm fused_add_rms_norm group_norm poly_norm modulated_rms_norm dyt softmax sparsemax relu_squared
+  cross_entropy fused_linear_cross_entropy kl_div jsd tvd fused_linear_jsd qwen2vl_mrope llama4_rope multi_token_attention"
+liger_peer() {  # a command with Liger-Kernel 0.8.5 (its wheel carried in .peers) at hand, for peers/liger only
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/liger .peers/liger_kernel-*.whl 2>&1 \
+    | grep -v "already exists" || true
+  PYTHONPATH="$PWD:/tmp/liger" "$@"
 }
 for step in "$@"; do
   echo "=== $step $(date +%T)"
@@ -70,6 +78,12 @@ for step in "$@"; do
       CI=true flash_attn timeout ${PEERS_TIMEOUT:-200} python3 -m pytest -n auto -q -p no:cacheprovider --pyargs oracle.suite \
         --op-module peers.flash_attn_triton.ops --impl peers.flash_attn_triton.impl:impl --ops "${FLASH_ATTN_OPS// /,}" \
         2>&1 | tee "$OUT/pytest-flash-attn-h200.log" | tail -40;;
+    liger-peer)  # Liger-Kernel 0.8.5's op set (peers/liger; carry .peers, its wheel): every case named in the log
+      CI=true liger_peer timeout ${LIGER_TIMEOUT:-200} python3 -m pytest -n auto -v -p no:cacheprovider --durations=10 \
+        --pyargs oracle.suite --op-module peers.liger.ops --impl peers.liger.impl:impl --ops "$(echo $LIGER_OPS | tr ' ' ,)" \
+        > "$OUT/pytest-liger-peer-h200.log" 2>&1
+      echo "liger-peer exit $?"; grep -E "(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-liger-peer-h200.log" | tail -60
+      grep -cE " PASSED" "$OUT/pytest-liger-peer-h200.log";;
     flash-attn-report)  # the report's sweep and compute-sanitizer on flash-attn's kernels (carry .peers)
       flash_attn timeout ${REPORT_TIMEOUT:-200} python3 -m oracle.report --op-module peers.flash_attn_triton.ops \
         --impl peers.flash_attn_triton.impl:impl --ops $FLASH_ATTN_OPS --json "$OUT/drift-flash-attn-h200.json" \
