@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -81,23 +82,36 @@ def test_failure_output_names_case_metrics_and_repro(device):
         assert expected in text
 
 
-def test_repro_command_reruns_exactly_that_case(device):
+def _repro(argv: list[str], capsys) -> tuple[int, str, str]:
+    """``python -m oracle.repro``'s ``main`` in-process: its exit status, stdout and stderr."""
+    from oracle import repro
+
+    code = repro.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_repro_command_reruns_exactly_that_case(device, capsys, monkeypatch):
+    """The printed command, run as printed by a shell, fails the case; the kernels' command, its
+    arguments parsed as the shell does and given to the same ``main``, passes it."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # repro's main sets it
     result = _run(ROPE, "tests.broken_impls:wrong_sign", device)
     command = result.repro.replace("python", sys.executable, 1)
     proc = subprocess.run(command, shell=True, capture_output=True, text=True)
     assert proc.returncode == 1, proc.stderr
     assert "FAIL: rope[packed] float16" in proc.stdout and "dQ" in proc.stdout
-    good = subprocess.run(_run(ROPE, "kernels", device).repro.replace("python", sys.executable, 1), shell=True,
-                          capture_output=True, text=True)
-    assert good.returncode == 0, good.stdout + good.stderr
+    python, module, name, *argv = shlex.split(_run(ROPE, "kernels", device).repro)
+    assert (python, module, name) == ("python", "-m", "oracle.repro"), python
+    code, out, err = _repro(argv, capsys)
+    assert code == 0 and "rope[packed] float16" in out, out + err
 
 
-def test_repro_rejects_bad_input():
-    proc = subprocess.run([sys.executable, "-m", "oracle.repro", "{not json"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "not a case" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "oracle.repro", json.dumps({**json.loads(RMS.to_json()), "op": "gelu"})],
-                          capture_output=True, text=True)
-    assert proc.returncode == 2 and "unknown op" in proc.stderr
+def test_repro_rejects_bad_input(capsys, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    code, _, err = _repro(["{not json"], capsys)
+    assert code == 2 and "not a case" in err, err
+    code, _, err = _repro([json.dumps({**json.loads(RMS.to_json()), "op": "gelu"})], capsys)
+    assert code == 2 and "unknown op" in err, err
 
 
 def test_case_json_round_trip():
@@ -190,19 +204,24 @@ def test_an_error_in_float64_keeps_its_type_and_carries_the_same_notes(device):
     assert "NO_FLOAT64" in notes[2]
 
 
-def test_the_float64_repro_reruns_the_check():
-    def repro(impl: str, case: Case = FLOAT64_RMS):
-        return subprocess.run([sys.executable, "-m", "oracle.repro", "--impl", impl, "--float64", case.to_json()],
-                              capture_output=True, text=True)
+def test_the_float64_repro_reruns_the_check(capsys, monkeypatch):
+    """``oracle.repro --float64``'s verdicts (its main in-process: the command's own run is
+    test_repro_command_reruns_exactly_that_case's)."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # repro's main sets it
 
-    bad = repro("tests.broken_impls:rms_norm_dx_missing_projection")
-    assert bad.returncode == 1 and bad.stdout.startswith("FAIL: gradcheck:") and "NO_FLOAT64" in bad.stdout, bad.stdout
-    raising = repro("tests.broken_impls:backward_type_error")
-    assert raising.returncode == 1 and "TypeError: accumulator dtype mismatch" in raising.stdout, raising.stdout
-    assert repro("tests.broken_impls:declares_no_float64").stdout.startswith("SKIP: float64 check")
-    good = repro("kernels")
-    assert good.returncode == 0 and good.stdout.startswith("PASS: float64 check"), good.stdout + good.stderr
-    assert repro("kernels", RMS).returncode == 2  # a float32 case has no float64 check
+    def repro(impl: str, case: Case = FLOAT64_RMS) -> tuple[int, str]:
+        code, out, err = _repro(["--impl", impl, "--float64", case.to_json()], capsys)
+        return code, out + err
+
+    code, out = repro("tests.broken_impls:rms_norm_dx_missing_projection")
+    assert code == 1 and out.startswith("FAIL: gradcheck:") and "NO_FLOAT64" in out, out
+    code, out = repro("tests.broken_impls:backward_type_error")
+    assert code == 1 and "TypeError: accumulator dtype mismatch" in out, out
+    code, out = repro("tests.broken_impls:declares_no_float64")
+    assert code == 0 and out.startswith("SKIP: float64 check"), out
+    code, out = repro("kernels")
+    assert code == 0 and out.startswith("PASS: float64 check"), out
+    assert repro("kernels", RMS)[0] == 2  # a float32 case has no float64 check
 
 
 # --- noise models: one function builds them ---------------------------------------------------------
