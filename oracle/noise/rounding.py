@@ -155,10 +155,36 @@ def representable(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def rounding_variance(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The variance of rounding ``value`` to nearest in ``dtype``: 0 where it is representable."""
+    """The variance of rounding ``value`` to nearest in ``dtype``: 0 where it is representable.
+
+    Bit for bit ``where(representable(value, dtype), 0, spacing(value, dtype)^2 NEAREST_VARIANCE)``,
+    in fewer passes: not representable is ``to_nearest(v) != v`` where v is not NaN (an infinity
+    rounds to itself; a finite value past the dtype's range rounds to an infinity), and where it is
+    not, |v| is a finite number inside the dtype's normal range once clamped, so its spacing is
+    eps times |v| with its mantissa cleared (``_spacing_of_finite``), exactly frexp's."""
+    if dtype == torch.float64 or value.dtype != torch.float64:
+        return _rounding_variance(value, dtype)
+    rounds = (to_nearest(value, dtype) != value) & (value == value)
+    return torch.where(rounds, _spacing_of_finite(value, dtype).square() * NEAREST_VARIANCE, 0.0)
+
+
+def _rounding_variance(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if dtype == torch.float64:
         return torch.zeros_like(value)
     return torch.where(representable(value, dtype), 0.0, spacing(value, dtype).square() * NEAREST_VARIANCE)
+
+
+_EXPONENT_BITS = 0x7FF0000000000000
+
+
+def _spacing_of_finite(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``spacing(value, dtype)`` wherever ``value`` (float64) is not NaN; anything at a NaN (the
+    caller masks it). |v| clamped to the dtype's normal range is a normal float64, and its spacing
+    in the dtype is eps 2^floor(log2 |v|): the float64 of |v|'s exponent bits alone, times eps."""
+    info = torch.finfo(dtype)
+    magnitude = value.abs().clamp_(min=info.smallest_normal, max=info.max)
+    power = magnitude.view(torch.int64).bitwise_and_(_EXPONENT_BITS).view(torch.float64)
+    return power.mul_(info.eps)
 
 
 def rounding_sample(value: torch.Tensor, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:

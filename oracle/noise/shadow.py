@@ -233,15 +233,47 @@ class Call:
         args, kwargs = tree_unflatten(values, self.spec)
         return self.func(*args, **kwargs)
 
-    def nominal_outputs(self) -> list:
-        """The op's outputs on meta tensors of the nominal dtypes (a real evaluation where an op has
-        no meta kernel): what dtype each output has in the evaluation being modelled."""
+    def nominal_dtypes(self) -> list:
+        """The dtype of each output of the op on meta tensors of the nominal dtypes (a real evaluation
+        where an op has no meta kernel), None for what is not a tensor: what dtype each output has in
+        the evaluation being modelled. Remembered per op and key of its leaves (Note [Nominal dtypes])."""
+        key = self._key()
+        if key is not None:
+            known = _NOMINAL_DTYPES.get(key)
+            if known is not None:
+                return list(known)
         try:
             args, kwargs = tree_unflatten([_meta(leaf) for leaf in self.leaves], self.spec)
-            return tree_flatten(self.func(*args, **kwargs))[0]
+            nominal = tree_flatten(self.func(*args, **kwargs))[0]
         except (NotImplementedError, RuntimeError):
+            key = None  # an op without a meta kernel: evaluated for real, every time
             args, kwargs = tree_unflatten([_nominal(leaf) for leaf in self.leaves], self.spec)
-            return tree_flatten(self.func(*args, **kwargs))[0]
+            nominal = tree_flatten(self.func(*args, **kwargs))[0]
+        dtypes = [m.dtype if isinstance(m, torch.Tensor) else None for m in nominal]
+        if key is not None and len(_NOMINAL_DTYPES) < _NOMINAL_DTYPES_SIZE:
+            _NOMINAL_DTYPES[key] = tuple(dtypes)
+        return dtypes
+
+    def _key(self):
+        parts = [self.func, self.spec]
+        for leaf in self.leaves:
+            if isinstance(leaf, torch.Tensor):
+                parts.append((type(leaf) is Shadow, leaf.dtype, tuple(leaf.shape), leaf.stride(), leaf.device.type))
+            elif leaf is None or isinstance(leaf, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                                   torch.memory_format)):
+                parts.append((type(leaf), leaf))
+            else:
+                return None  # anything else (a SymInt, a generator): not remembered
+        return tuple(parts)
+
+
+# Note [Nominal dtypes]
+#     An op's output dtypes are read from its meta kernel on every call, which costs more than many
+#     of the float64 evaluations themselves. They depend only on the op and on what the meta
+#     kernel sees: its tensors' dtypes, shapes and strides, and the other leaves by type and value;
+#     so they are remembered under exactly that key. Ops whose meta kernel raises are not.
+_NOMINAL_DTYPES: dict = {}
+_NOMINAL_DTYPES_SIZE = 1 << 16
 
 
 def _value(leaf):
@@ -270,10 +302,9 @@ def _nominal(leaf):
 
 def _evaluate(func, args, kwargs, state: Evaluation):
     call = Call(func, args, kwargs)
-    nominal = call.nominal_outputs()
+    dtypes = call.nominal_dtypes()
     out = call.run()
     out_leaves, out_spec = tree_flatten(out)
-    dtypes = [m.dtype if isinstance(m, torch.Tensor) else None for m in nominal]
     floating = [isinstance(o, torch.Tensor) and d is not None and d.is_floating_point
                 for o, d in zip(out_leaves, dtypes)]
 
