@@ -35,6 +35,7 @@ from oracle.ops import SPECS
 from oracle.suite.test_contract import BUDGET, aliasing_examples
 from tests.test_aliasing import RAW, ROPE, SWIGLU
 from tests import test_models
+from tests.one_thread import one_torch_thread  # noqa: F401 (autouse: one torch thread per test)
 from tests.test_models import batch, tiny_model
 
 ON_CPU = _runtime.interpreted()
