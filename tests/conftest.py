@@ -54,3 +54,22 @@ def small_report(tmp_path_factory) -> dict:
         return {name: str(path) for name, path in paths.items()} | {"stdout": proc.stdout}
 
     return once_per_session(tmp_path_factory, "small-report", make) | {"slice": list(SMALL_SLICE)}
+
+
+@pytest.fixture(scope="session")
+def small_rerun(tmp_path_factory, small_report) -> dict:
+    """The small report's slice swept again by the unchanged kernels, gated against a copy of the
+    small report's baseline (``--gate``) and replacing that copy (``--update-baseline``): one run
+    for the tests that need a second real sweep (the gate passes unchanged kernels; updating a
+    baseline twice gives the same bytes; the current kernels pass the committed baseline)."""
+    import shutil
+
+    def make(out: Path) -> dict:
+        paths = {"json": out / "run.json", "html": out / "run.html", "baseline": out / "baseline.json"}
+        shutil.copy(small_report["baseline"], paths["baseline"])
+        proc = report_runs({"rerun": [*SMALL_SLICE, "--gate", "--update-baseline", "--baseline", paths["baseline"],
+                                      "--json", paths["json"], "--html", paths["html"]]})["rerun"]
+        return {name: str(path) for name, path in paths.items()} | \
+            {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+
+    return once_per_session(tmp_path_factory, "small-rerun", make)

@@ -12,9 +12,6 @@ import io
 import json
 import math
 import re
-import shutil
-import subprocess
-import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -61,12 +58,17 @@ def test_committed_baselines_are_valid_and_in_stable_form(platform):
 
 
 @pytest.mark.skipif(platform_key() != "cpu-interpreter", reason="the committed CPU baseline is for the interpreter")
-def test_current_kernels_pass_the_committed_cpu_baseline(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "oracle.report", *SLICE, "--gate",
-                           "--baseline", str(COMMITTED["cpu-interpreter"]), "--json", str(tmp_path / "run.json"),
-                           "--html", str(tmp_path / "run.html")], capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    judged, regressions, unjudged, why, new, _ = VERDICT.match(last_line(proc.stdout)).groups()
+def test_current_kernels_pass_the_committed_cpu_baseline(tmp_path, small_rerun):
+    """A real sweep of the current kernels on the slice (the session's rerun, tests/conftest.py),
+    gated against the committed baseline: what the sweep made, judged as ``--gate`` judges it."""
+    assert small_rerun["returncode"] == 0, small_rerun["stdout"] + small_rerun["stderr"]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = report_main.main(["--from-json", small_rerun["json"], *SLICE, "--gate", "--baseline",
+                                 str(COMMITTED["cpu-interpreter"]), "--html", str(tmp_path / "run.html")])
+    out = out.getvalue()
+    assert code == 0, out
+    judged, regressions, unjudged, why, new, _ = VERDICT.match(last_line(out)).groups()
     baseline_cells = len(json.loads(COMMITTED["cpu-interpreter"].read_text())["cells"])
     assert int(judged) > 0 and regressions == "0" and new == "0"
     assert int(judged) + int(unjudged) == baseline_cells
@@ -265,8 +267,11 @@ def test_the_gate_still_sees_bf16_partial_sums_that_pass_the_verdict(device):
     from oracle.impls import Implementation, load
     from tests import broken_impls
 
+    # 1024 rows past 64, in tiles of 16: 64 partial sums rounded to bf16 (measured: dW's typical error
+    # 0.0111 -> 0.0418, 3.8x against the 2.0x the rule allows; 4096 rows, 0.0055 -> 0.0437 as in
+    # test_precision_lost_separates_another_order_from_partials_rounded_to_16_bits, cost three times as much)
     broken = Implementation("bf16 partials", SimpleNamespace(rms_norm=broken_impls.rms_norm_bf16_partials_past(64, 16)))
-    case = Case("rms_norm", "llama", "bfloat16", {"lead": [4096], "cols": 256}, "contiguous", "normal",
+    case = Case("rms_norm", "llama", "bfloat16", {"lead": [1024], "cols": 256}, "contiguous", "normal",
                 {"eps": 1e-6, "weight": "same"}, seed=3)
 
     def dW(impl) -> dict:
@@ -406,18 +411,16 @@ def without_commit(text: bytes) -> bytes:
     return re.sub(rb'\n  "commit": "[^"\n]*",\n', b"\n", text, count=1)
 
 
-def test_updating_a_baseline_twice_gives_the_same_bytes(tmp_path, small_report):
-    first = Path(small_report["baseline"])
-    second = tmp_path / "baseline.json"
-    shutil.copy(first, second)  # the second update replaces the first (and compares with it)
-    proc = subprocess.run([sys.executable, "-m", "oracle.report", *small_report["slice"], "--update-baseline",
-                           "--baseline", str(second), "--json", str(tmp_path / "run.json"),
-                           "--html", str(tmp_path / "run.html")], capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_updating_a_baseline_twice_gives_the_same_bytes(small_report, small_rerun):
+    """The session's rerun (tests/conftest.py) replaced a copy of the small report's baseline (and
+    compared with it) with its own."""
+    assert small_rerun["returncode"] == 0, small_rerun["stdout"] + small_rerun["stderr"]
+    first, second = Path(small_report["baseline"]), Path(small_rerun["baseline"])
+    assert "baseline updated:" in small_rerun["stdout"], small_rerun["stdout"]
     # byte for byte, but for the commit's one line: the checkout may have moved between the two runs
     assert without_commit(second.read_bytes()) == without_commit(first.read_bytes())
     assert not volatile_fields(json.loads(first.read_text()))
-    assert "seconds" in json.loads((tmp_path / "run.json").read_text())  # the full report keeps its timings
+    assert "seconds" in json.loads(Path(small_rerun["json"]).read_text())  # the full report keeps its timings
 
 
 def test_baseline_view_drops_only_volatile_fields(small_report):

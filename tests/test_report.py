@@ -46,16 +46,18 @@ def test_outputs_table_json_and_html(baseline, small_report):
     assert html.startswith("<!DOCTYPE html>") and "data:image/svg+xml;base64," in html and "<script" not in html
 
 
-def test_unchanged_kernels_pass_the_gate(tmp_path, baseline):
-    proc = report(tmp_path, *SLICE, "--gate", "--baseline", str(baseline))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_unchanged_kernels_pass_the_gate(small_rerun, baseline):
+    """A second real sweep of the slice (the session's rerun, tests/conftest.py) gated against the
+    first run's baseline: every cell judged, none regressed."""
+    assert small_rerun["returncode"] == 0, small_rerun["stdout"] + small_rerun["stderr"]
     cells = len(json.loads(baseline.read_text())["cells"])
-    assert proc.stdout.strip().splitlines()[-1] == \
+    assert small_rerun["stdout"].strip().splitlines()[-1] == \
         f"gate: {cells} cells judged, 0 regressions; 0 baseline cells not judged; 0 new cells"
 
 
 def test_one_extra_rounding_step_fails_the_gate_and_shows_where(tmp_path, baseline):
-    proc = report(tmp_path, *SLICE, "--gate", "--baseline", str(baseline), "--impl", "tests.broken_impls:extra_rounding")
+    proc = report(tmp_path, *SLICE, "--workers", "1", "--gate", "--baseline", str(baseline), "--impl",
+                  "tests.broken_impls:extra_rounding")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "regression(s) against the baseline" in proc.stdout
     document = json.loads((tmp_path / "run.json").read_text())
@@ -66,27 +68,52 @@ def test_one_extra_rounding_step_fails_the_gate_and_shows_where(tmp_path, baseli
     assert 'class="regression"' in html and next(iter(regressed)) in html
 
 
-def test_gate_usage_errors_exit_2(tmp_path, baseline):
-    missing = report(tmp_path, *SLICE, "--gate", "--baseline", str(tmp_path / "absent.json"))
-    assert missing.returncode == 2 and "no baseline at" in missing.stdout
+@pytest.fixture
+def main_before_sweep(monkeypatch, capsys, tmp_path):
+    """``python -m oracle.report``'s ``main`` in-process, the sweep patched to fail: a usage error
+    must exit 2 before it starts (what the command prints, stdout and stderr)."""
+    from oracle.report import __main__ as report_main
+
+    def sweep_started(*args, **kwargs):
+        raise AssertionError("the sweep started")
+
+    monkeypatch.setattr(report_main, "sweep_now", sweep_started)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # main sets it: restored after the test
+
+    def run(*args: str) -> tuple[int, str, str]:
+        try:
+            code = report_main.main(["--json", str(tmp_path / "run.json"), "--html", str(tmp_path / "run.html"), *args])
+        except SystemExit as exit_:  # argparse's usage errors
+            code = exit_.code
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+def test_gate_usage_errors_exit_2(tmp_path, baseline, main_before_sweep):
+    code, out, _ = main_before_sweep(*SLICE, "--gate", "--baseline", str(tmp_path / "absent.json"))
+    assert code == 2 and "no baseline at" in out, out
     (tmp_path / "broken.json").write_text("{not json")
-    malformed = report(tmp_path, *SLICE, "--gate", "--baseline", str(tmp_path / "broken.json"))
-    assert malformed.returncode == 2 and "not readable JSON" in malformed.stdout
+    code, out, _ = main_before_sweep(*SLICE, "--gate", "--baseline", str(tmp_path / "broken.json"))
+    assert code == 2 and "not readable JSON" in out, out
     other = json.loads(baseline.read_text())
     other["environment"]["platform"] = "cuda-Some-Other-GPU"
     (tmp_path / "other.json").write_text(json.dumps(other))
-    mismatch = report(tmp_path, *SLICE, "--gate", "--baseline", str(tmp_path / "other.json"))
-    assert mismatch.returncode == 2 and "was made on 'cuda-Some-Other-GPU'" in mismatch.stdout
-    unknown = report(tmp_path, "--ops", "gelu")
-    assert unknown.returncode == 2 and "invalid choice" in unknown.stderr
+    code, out, _ = main_before_sweep(*SLICE, "--gate", "--baseline", str(tmp_path / "other.json"))
+    assert code == 2 and "was made on 'cuda-Some-Other-GPU'" in out, out
+    code, _, err = main_before_sweep("--ops", "gelu")
+    assert code == 2 and "invalid choice" in err, err
+    assert not (tmp_path / "run.json").exists()  # refused before the sweep, nothing written
 
 
 def test_a_crash_loses_only_its_case(tmp_path):
-    proc = report(tmp_path, *SLICE, "--impl", "tests.broken_impls:crashes_on_wide_rows")
+    """One worker: its death and replacement are the crash's whole cost, and the cases after it run."""
+    proc = report(tmp_path, *SLICE, "--workers", "1", "--impl", "tests.broken_impls:crashes_on_the_widest_rows")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     document = json.loads((tmp_path / "run.json").read_text())
     statuses = [c["status"] for c in document["cases"]]
-    wide = [c for c in document["cases"] if c["case"]["dims"]["cols"] > 1000]
+    wide = [c for c in document["cases"] if c["case"]["dims"]["cols"] > 4097]
     assert wide and all(c["status"] == "crash" for c in wide)
     assert statuses.count("pass") == len(statuses) - len(wide)
     crash = wide[0]
@@ -107,12 +134,12 @@ def test_baseline_writes_are_atomic(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["baseline.json"]  # no half-written temporary left behind
 
 
-def test_ops_an_implementation_declares_lacking_are_listed_not_swept(tmp_path):
+def test_ops_an_implementation_declares_lacking_are_listed_not_swept(tmp_path, main_before_sweep):
     """As in pytest: a declared lack is named with its reason, never swept (it used to fill the
     table with 0/N rows and the aliasing checks with "'NoneType' object is not callable"); asking
     for it with --ops is a usage error."""
     partial = "tests.broken_impls:declares_what_it_lacks"  # rope only
-    proc = report(tmp_path, "--impl", partial, "--dtypes", "float32", "--variants", "plain", "--workers", "2")
+    proc = report(tmp_path, "--impl", partial, "--dtypes", "float32", "--variants", "plain", "--workers", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     document = json.loads((tmp_path / "run.json").read_text())
     assert {c["op"] for c in document["cells"]} == {"rope"} and {c["op"] for c in document["aliasing"]} == {"rope"}
@@ -120,8 +147,8 @@ def test_ops_an_implementation_declares_lacking_are_listed_not_swept(tmp_path):
     assert document["not_tested"]["rms_norm"] == "not written yet"
     assert f"not tested: rms_norm: {partial} declares it lacks it (not written yet)" in proc.stdout
     assert "not written yet" in (tmp_path / "run.html").read_text()
-    refused = report(tmp_path, "--impl", partial, "--ops", "rms_norm", name="refused")
-    assert refused.returncode == 2 and "declares it lacks rms_norm" in refused.stdout, refused.stdout + refused.stderr
+    code, out, err = main_before_sweep("--impl", partial, "--ops", "rms_norm")
+    assert code == 2 and "declares it lacks rms_norm" in out, out + err
 
 
 @pytest.mark.parametrize("workers", ["0", "-2", "two"])
