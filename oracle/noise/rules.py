@@ -58,6 +58,20 @@ CASTS = {aten._to_copy.default, aten.copy_.default, prims.convert_element_type.d
 
 def is_view(func) -> bool:
     """Whether the op returns a view of an input (its schema says the output aliases it)."""
+    try:
+        return _IS_VIEW[func]
+    except KeyError:
+        pass
+    except TypeError:  # not hashable: not remembered
+        return _is_view(func)
+    view = _IS_VIEW[func] = _is_view(func)
+    return view
+
+
+_IS_VIEW: dict = {}
+
+
+def _is_view(func) -> bool:
     schema = getattr(func, "_schema", None)
     return bool(schema and schema.returns and schema.returns[0].alias_info is not None
                 and not schema.returns[0].alias_info.is_write)
@@ -170,12 +184,13 @@ def _views(call, outs, floating) -> list[dict | None]:
 def _own_rounding(call, value: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The variance of the op's own rounding, and the more that fast GPU maths entitles it to."""
     func = call.func
-    none = torch.zeros_like(value)
     if func in MOVES_DATA:
+        none = torch.zeros_like(value)
         return none, none
     if func in CASTS:
         source = _cast_source(call)
         if source is None or torch.finfo(dtype).eps <= torch.finfo(source).eps:
+            none = torch.zeros_like(value)
             return none, none
     ulps = _function_ulps(call)
     fast = _fast_maths(call, value, dtype)
@@ -227,7 +242,7 @@ def _groups(call, kind: str) -> list[tuple[list[int], torch.Tensor]]:
     (``x * x`` moves both factors at once)."""
     groups: list[tuple[list[int], torch.Tensor]] = []
     for i, variance in call.variances(kind).items():
-        if variance is None or not bool((variance > 0).any()):
+        if variance is None or not _positive(variance):
             continue
         for indices, _ in groups:
             if call.leaves[indices[0]] is call.leaves[i]:
@@ -236,6 +251,22 @@ def _groups(call, kind: str) -> list[tuple[list[int], torch.Tensor]]:
         else:
             groups.append(([i], variance))
     return groups
+
+
+def _positive(variance: torch.Tensor) -> bool:
+    """Whether any element of a variance is positive, remembered on the tensor for its current
+    version (an in-place write, through any view of it, bumps that): a leaf's variance is read by
+    every op that uses it, for each kind."""
+    try:
+        version = variance._version
+    except RuntimeError:  # an inference tensor keeps no version: not remembered
+        return bool((variance > 0).any())
+    known = variance.__dict__.get("_oracle_positive")
+    if known is not None and known[0] == version:
+        return known[1]
+    positive = bool((variance > 0).any())
+    variance.__dict__["_oracle_positive"] = (version, positive)
+    return positive
 
 
 def finite_difference(call, outs: list, floating: list) -> dict[str, list]:
