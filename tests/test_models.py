@@ -206,7 +206,7 @@ def typical_failures(k: dict, h: dict, ref: Reference) -> list[str]:
 
 # HF's side of a comparison (the shadow runs of ``reference`` and the unpatched run), made once per
 # model and batch and shared by the tests that judge a patched run of the same model: the shadow runs
-# are most of a test's time. Tests that share one are in one xdist_group, so that they share a worker.
+# are most of a test's time (within one process: under xdist each worker that runs such a test makes it once).
 _HF_RUNS: dict = {}
 
 
@@ -228,24 +228,16 @@ def three_runs(arch: str, dtype: torch.dtype, inputs: dict, device, config: dict
     return k, h, ref
 
 
-# The tests sharing one of _hf_runs's entries: Gemma 3's float32 packed forward and backward, Llama's
-# training run.
-GEMMA_PACKED = pytest.mark.xdist_group("test_models: gemma3 float32 packed")
-LLAMA_TRAINING = pytest.mark.xdist_group("test_models: llama training")
-
 CASES = [(arch, torch.float32, kind) for arch in ARCHS for kind in ("padded", "packed")] + \
     [(arch, torch.bfloat16, "packed") for arch in ARCHS]
 
 
-@pytest.mark.parametrize("arch, dtype, kind", [
-    pytest.param(*case, marks=[GEMMA_PACKED] if case == ("gemma3", torch.float32, "packed") else [])
-    for case in CASES], ids=lambda v: str(v).removeprefix("torch."))
+@pytest.mark.parametrize("arch, dtype, kind", CASES, ids=lambda v: str(v).removeprefix("torch."))
 def test_patched_model_matches_unpatched(arch, dtype, kind, device):
     k, h, ref = three_runs(arch, dtype, batch(kind, device), device)
     assert failures(k, h, ref) == []
 
 
-@GEMMA_PACKED
 def test_rms_norm_writing_into_its_shared_gradient_breaks_gemma(device):
     """Gemma adds a post-norm's output to the residual stream, so that norm's incoming gradient is
     the residual's too: the opt-in write_dx_into_dy mode corrupts it, and the comparison says so
@@ -265,7 +257,7 @@ def training_runs(arch: str, device, **patch_options):
     return k, h, ref
 
 
-@pytest.mark.parametrize("arch", [pytest.param("llama", marks=LLAMA_TRAINING), "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_short_training_run_agrees(arch, device):
     k, h, ref = training_runs(arch, device)
     assert typical_failures(k, h, ref) == [], arch
@@ -304,7 +296,6 @@ BUGS = {"a dropped gradient term": ("rms_norm", _rms_norm_without_projection),
         "a low-precision intermediate": ("swiglu", _swiglu_with_bf16_sigmoid)}
 
 
-@LLAMA_TRAINING
 @pytest.mark.parametrize("bug", BUGS)
 def test_short_training_run_catches_a_wrong_kernel(bug, device, monkeypatch):
     """The same training run, with one kernel replaced by a wrong one, fails."""
@@ -356,8 +347,7 @@ def gated_mlp_ops(model, inputs) -> list:
     return seen
 
 
-@pytest.mark.parametrize("activation, approximate", [pytest.param("gelu_pytorch_tanh", "tanh", marks=GEMMA_PACKED),
-                                                      ("gelu", "none")])
+@pytest.mark.parametrize("activation, approximate", [("gelu_pytorch_tanh", "tanh"), ("gelu", "none")])
 def test_gemma_is_fully_patched_and_matches(activation, approximate, device):
     """Norms, RoPE and the GeLU-gated MLP all run the kernels (the MLP through kernels.geglu with the
     config's approximation), and the model still matches HF."""
