@@ -120,7 +120,9 @@ def function_variance(value: torch.Tensor, dtype: torch.dtype, ulps: float, abso
     ``value`` or ``absolute_u`` units of its roundoff, whichever is larger."""
     if dtype == torch.float64:
         return torch.zeros_like(value)
-    error = torch.maximum(ulps * spacing(value, dtype), torch.full_like(value, absolute_u * unit_roundoff(dtype)))
+    # non-finite values are masked below, so the spacing may be the exponent bits' (_spacing_of_finite)
+    gap = _spacing_of_finite(value, dtype) if value.dtype == torch.float64 else spacing(value, dtype)
+    error = torch.maximum(ulps * gap, torch.full_like(value, absolute_u * unit_roundoff(dtype)))
     return torch.where(torch.isfinite(value), error, 0.0).square() / 3
 
 
@@ -139,7 +141,9 @@ def fast_exp_variance(y: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> t
     """Note [Fast maths]: exp(x) as exp2(fl(x log2 e)): the product's rounding to nearest in
     ``dtype``, through d exp2(t) / dt = y ln 2."""
     t = x * (1 / math.log(2))
-    return torch.where(torch.isfinite(y), (y * math.log(2) * spacing(t, dtype)).square() * NEAREST_VARIANCE, 0.0)
+    # where t is NaN so is y, masked: the spacing may be the exponent bits' (_spacing_of_finite)
+    gap = _spacing_of_finite(t, dtype) if t.dtype == torch.float64 else spacing(t, dtype)
+    return torch.where(torch.isfinite(y), (y * math.log(2) * gap).square() * NEAREST_VARIANCE, 0.0)
 
 
 
