@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,8 +63,6 @@ def small_rerun(tmp_path_factory, small_report) -> dict:
     small report's baseline (``--gate``) and replacing that copy (``--update-baseline``): one run
     for the tests that need a second real sweep (the gate passes unchanged kernels; updating a
     baseline twice gives the same bytes; the current kernels pass the committed baseline)."""
-    import shutil
-
     def make(out: Path) -> dict:
         paths = {"json": out / "run.json", "html": out / "run.html", "baseline": out / "baseline.json"}
         shutil.copy(small_report["baseline"], paths["baseline"])
@@ -73,3 +72,37 @@ def small_rerun(tmp_path_factory, small_report) -> dict:
             {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
 
     return once_per_session(tmp_path_factory, "small-rerun", make)
+
+
+@pytest.fixture
+def report_main(monkeypatch, capsys):
+    """``python -m oracle.report``'s ``main`` in-process: ``run(*args)`` gives its exit status (argparse's
+    usage errors too), stdout and stderr. ``main`` points Inductor's cache into the run's folder
+    through the environment; the fixture restores the environment after the test."""
+    from oracle.report import __main__ as command
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+
+    def run(*args) -> tuple[int, str, str]:
+        capsys.readouterr()  # what the test printed before is not the command's
+        try:
+            code = command.main([str(arg) for arg in args])
+        except SystemExit as exit_:
+            code = exit_.code
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
+@pytest.fixture
+def report_main_before_sweep(monkeypatch, report_main):
+    """``report_main`` with the sweep patched to fail: a usage error or an unusable baseline must end
+    the command before its sweep starts."""
+    from oracle.report import __main__ as command
+
+    def sweep_started(*args, **kwargs):
+        raise AssertionError("the sweep started")
+
+    monkeypatch.setattr(command, "sweep_now", sweep_started)
+    return report_main

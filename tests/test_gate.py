@@ -8,17 +8,14 @@ it starts) or on a stored run (``--from-json``); two run the real command on a s
 from __future__ import annotations
 
 import copy
-import io
 import json
 import math
 import re
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
 
 from oracle.environment import platform_key
-from oracle.report import __main__ as report_main
 from oracle.report import gate, results
 from oracle.report.results import SCHEMA
 
@@ -58,15 +55,12 @@ def test_committed_baselines_are_valid_and_in_stable_form(platform):
 
 
 @pytest.mark.skipif(platform_key() != "cpu-interpreter", reason="the committed CPU baseline is for the interpreter")
-def test_current_kernels_pass_the_committed_cpu_baseline(tmp_path, small_rerun):
+def test_current_kernels_pass_the_committed_cpu_baseline(tmp_path, small_rerun, report_main):
     """A real sweep of the current kernels on the slice (the session's rerun, tests/conftest.py),
     gated against the committed baseline: what the sweep made, judged as ``--gate`` judges it."""
     assert small_rerun["returncode"] == 0, small_rerun["stdout"] + small_rerun["stderr"]
-    out = io.StringIO()
-    with redirect_stdout(out):
-        code = report_main.main(["--from-json", small_rerun["json"], *SLICE, "--gate", "--baseline",
-                                 str(COMMITTED["cpu-interpreter"]), "--html", str(tmp_path / "run.html")])
-    out = out.getvalue()
+    code, out, _ = report_main("--from-json", small_rerun["json"], *SLICE, "--gate", "--baseline",
+                               COMMITTED["cpu-interpreter"], "--html", tmp_path / "run.html")
     assert code == 0, out
     judged, regressions, unjudged, why, new, _ = VERDICT.match(last_line(out)).groups()
     baseline_cells = len(json.loads(COMMITTED["cpu-interpreter"].read_text())["cells"])
@@ -86,21 +80,16 @@ def committed_cpu_baseline() -> dict:
 
 
 @pytest.fixture
-def gate_before_sweep(monkeypatch, capsys, tmp_path, committed_cpu_baseline):
+def gate_before_sweep(report_main_before_sweep, tmp_path, committed_cpu_baseline):
     """``main --gate`` on the slice against a spoilt copy of the baseline; the sweep must not start."""
-    def sweep_started(*args, **kwargs):
-        raise AssertionError("the sweep started")
-
-    monkeypatch.setattr(report_main, "sweep_now", sweep_started)
-
     def run(spoil) -> tuple[int, str]:
         document = copy.deepcopy(committed_cpu_baseline)
         spoil(document)
         path = tmp_path / "baseline.json"
         path.write_text(json.dumps(document))
-        code = report_main.main([*SLICE, "--gate", "--baseline", str(path), "--json", str(tmp_path / "run.json"),
-                                 "--html", str(tmp_path / "run.html")])
-        return code, capsys.readouterr().out
+        code, out, _ = report_main_before_sweep(*SLICE, "--gate", "--baseline", path, "--json", tmp_path / "run.json",
+                                                "--html", tmp_path / "run.html")
+        return code, out
 
     return run
 
@@ -151,24 +140,26 @@ def test_an_unusable_baseline_exits_2_in_one_sentence_before_the_sweep(gate_befo
 
 # --- judging a stored run (--from-json: no sweep) ------------------------------------------------------
 
-def gate_stored_run(tmp_path, small_report, baseline: dict | None = None, run: dict | None = None) -> tuple[int, str]:
+@pytest.fixture
+def gate_stored_run(tmp_path, small_report, report_main):
     """``main --gate`` on the small report's run (or a changed copy) against its baseline (or a changed copy)."""
-    run_path, baseline_path = Path(small_report["json"]), Path(small_report["baseline"])
-    if run is not None:
-        run_path = tmp_path / "run.json"
-        run_path.write_text(json.dumps(run))
-    if baseline is not None:
-        baseline_path = tmp_path / "baseline.json"
-        baseline_path.write_text(json.dumps(baseline))
-    out = io.StringIO()
-    with redirect_stdout(out):
-        code = report_main.main(["--from-json", str(run_path), "--gate", "--baseline", str(baseline_path),
-                                 "--html", str(tmp_path / "run.html")])
-    return code, out.getvalue()
+    def gate_it(baseline: dict | None = None, run: dict | None = None) -> tuple[int, str]:
+        run_path, baseline_path = Path(small_report["json"]), Path(small_report["baseline"])
+        if run is not None:
+            run_path = tmp_path / "run.json"
+            run_path.write_text(json.dumps(run))
+        if baseline is not None:
+            baseline_path = tmp_path / "baseline.json"
+            baseline_path.write_text(json.dumps(baseline))
+        code, out, _ = report_main("--from-json", run_path, "--gate", "--baseline", baseline_path,
+                                   "--html", tmp_path / "run.html")
+        return code, out
+
+    return gate_it
 
 
-def test_a_clean_run_passes_and_says_everything_was_judged(tmp_path, small_report):
-    code, out = gate_stored_run(tmp_path, small_report)
+def test_a_clean_run_passes_and_says_everything_was_judged(tmp_path, small_report, gate_stored_run):
+    code, out = gate_stored_run()
     cells = len(json.loads(Path(small_report["baseline"]).read_text())["cells"])
     assert code == 0, out
     assert last_line(out) == f"gate: {cells} cells judged, 0 regressions; 0 baseline cells not judged; 0 new cells"
@@ -178,24 +169,24 @@ def _loaded(path: str) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def test_a_grown_error_ratio_alone_is_drift_reported_with_its_ratios(tmp_path, small_report):
+def test_a_grown_error_ratio_alone_is_drift_reported_with_its_ratios(tmp_path, small_report, gate_stored_run):
     """Note [Drift or regression]: the error ratio and bit-identity to HF measure the distance to
     HF's bits; a cell that passes before and after, its typical error inside the room, has drifted."""
     baseline = _loaded(small_report["baseline"])
     cell = max(baseline["cells"], key=lambda c: c["metrics"]["error_ratio"])
     cell["metrics"]["error_ratio"], cell["metrics"]["bit_identical"] = 0.0, 1.0  # as if exact and HF's bits before
-    code, out = gate_stored_run(tmp_path, small_report, baseline=baseline)
+    code, out = gate_stored_run(baseline=baseline)
     assert code == 0, out
     assert f"{cell['key']}: changed within its verdict: error ratio 0 ->" in out
     assert ", 1 changed within its verdict (drift);" in last_line(out) and VERDICT.match(last_line(out)), out
 
 
-def test_a_typical_error_grown_beyond_the_room_of_a_valid_evaluation_exits_1(tmp_path, small_report):
+def test_a_typical_error_grown_beyond_the_room_of_a_valid_evaluation_exits_1(tmp_path, small_report, gate_stored_run):
     run = _loaded(small_report["json"])
     cell = max(run["cells"], key=lambda c: c["metrics"]["mean_error"])
     metrics = cell["metrics"]
     metrics["mean_error"] += 1.01 * gate.typical_room(metrics) + 1e-6
-    code, out = gate_stored_run(tmp_path, small_report, run=run)
+    code, out = gate_stored_run(run=run)
     assert code == 1, out
     assert f"{cell['key']}: precision lost: typical error" in out and "a valid evaluation may add" in out, out
     assert VERDICT.match(last_line(out)).group(2) == "1"
@@ -209,7 +200,7 @@ def _from_another_host(document: dict) -> dict:
     return other
 
 
-def test_against_another_hosts_maths_the_verdict_is_the_same(tmp_path, small_report):
+def test_against_another_hosts_maths_the_verdict_is_the_same(tmp_path, small_report, gate_stored_run):
     """environment.py, Note [Host maths]: no rule reads HF's bits, so a baseline from a host whose HF
     rounds otherwise gives the same verdicts, and the last line says that the drift it lists is
     partly HF's: a moved ratio is drift, a pass turned fail and lost precision regress, on both."""
@@ -217,17 +208,17 @@ def test_against_another_hosts_maths_the_verdict_is_the_same(tmp_path, small_rep
         baseline = spoil(_loaded(small_report["baseline"]))
         cell = max(baseline["cells"], key=lambda c: c["metrics"]["error_ratio"])
         cell["metrics"]["error_ratio"], cell["metrics"]["bit_identical"] = 0.0, 1.0
-        code, out = gate_stored_run(tmp_path, small_report, baseline=baseline)
+        code, out = gate_stored_run(baseline=baseline)
         assert code == 0 and VERDICT.match(last_line(out)).group(2) == "0", out
         assert (spoil is _from_another_host) == ("HF's maths rounds otherwise here (torch" in last_line(out)), out
         run = _loaded(small_report["json"])
         run["cells"][0]["status"] = "fail"
-        code, out = gate_stored_run(tmp_path, small_report, run=run, baseline=baseline)
+        code, out = gate_stored_run(run=run, baseline=baseline)
         assert code == 1 and f"{run['cells'][0]['key']}: passed before, now fail" in out, out
         run = _loaded(small_report["json"])
         metrics = run["cells"][1]["metrics"]
         metrics["mean_error"] += 2 * gate.typical_room(metrics) + 0.01
-        code, out = gate_stored_run(tmp_path, small_report, run=run, baseline=baseline)
+        code, out = gate_stored_run(run=run, baseline=baseline)
         assert code == 1 and f"{run['cells'][1]['key']}: precision lost" in out, out
 
 
@@ -286,17 +277,17 @@ def test_the_gate_still_sees_bf16_partial_sums_that_pass_the_verdict(device):
     assert any(r.startswith("precision lost: typical error") for r in regressions), regressions
 
 
-def test_a_pass_turned_fail_exits_1(tmp_path, small_report):
+def test_a_pass_turned_fail_exits_1(tmp_path, small_report, gate_stored_run):
     run = _loaded(small_report["json"])
     run["cells"][0]["status"] = "fail"
-    code, out = gate_stored_run(tmp_path, small_report, run=run)
+    code, out = gate_stored_run(run=run)
     assert code == 1 and f"{run['cells'][0]['key']}: passed before, now fail" in out, out
 
 
-def test_a_run_cell_without_a_finite_ratio_regresses(tmp_path, small_report):
+def test_a_run_cell_without_a_finite_ratio_regresses(tmp_path, small_report, gate_stored_run):
     run = _loaded(small_report["json"])
     run["cells"][0]["metrics"]["error_ratio"] = math.nan  # NaN > bound is False: it used to pass
-    code, out = gate_stored_run(tmp_path, small_report, run=run)
+    code, out = gate_stored_run(run=run)
     assert code == 1, out
     assert re.search(rf"{re.escape(run['cells'][0]['key'])}: error_ratio \S+ -> nan", out), out
     del run["cells"][1]["metrics"]["bit_identical"]  # a stored run of an older schema: no KeyError
@@ -366,26 +357,26 @@ def _with_another_op(run: dict) -> dict:
     return other
 
 
-def test_an_op_absent_from_the_baseline_is_named_and_exits_2(tmp_path, small_report):
+def test_an_op_absent_from_the_baseline_is_named_and_exits_2(tmp_path, small_report, gate_stored_run):
     run = _with_another_op(_loaded(small_report["json"]))
     comparison = gate.compare(run, _loaded(small_report["baseline"]))
     n = len(run["cells"]) // 2
     assert comparison["new"] == {"of op other_op, absent from the baseline": n}
     assert gate.unasked(comparison) == [f"{n} cells of this run of op other_op, absent from the baseline"]
-    code, out = gate_stored_run(tmp_path, small_report, run=run)
+    code, out = gate_stored_run(run=run)
     assert code == 2, out
     assert "error: the gate never passes what it did not judge: " in out and "of op other_op, absent from the " \
         "baseline" in out, out
 
 
-def test_a_quick_run_against_a_full_baseline_exits_2_naming_what_it_lacks(tmp_path, small_report):
+def test_a_quick_run_against_a_full_baseline_exits_2_naming_what_it_lacks(tmp_path, small_report, gate_stored_run):
     """The cells the quick grid has not are named (before, they were counted and the gate passed)."""
     baseline = _loaded(small_report["baseline"])
     extra = copy.deepcopy(baseline["cells"][0])
     extra["key"] = extra["key"].replace(extra["label"], extra["label"] + "-wider")
     baseline["cells"].append(extra)
     baseline["sweep"] = "full"
-    code, out = gate_stored_run(tmp_path, small_report, baseline=baseline)
+    code, out = gate_stored_run(baseline=baseline)
     assert code == 2, out
     assert "1 baseline cell not in the quick grid of this run (the baseline's is full)" in out, out
     quick_keys = results.cell_keys([])  # an empty plan: the before-the-sweep check names every cell
@@ -432,7 +423,7 @@ def test_baseline_view_drops_only_volatile_fields(small_report):
     assert len(view["cases"]) == len(run["cases"]) and not volatile_fields(view)
 
 
-def test_a_quick_run_against_a_full_baseline_judges_only_the_same_data(tmp_path, small_report):
+def test_a_quick_run_against_a_full_baseline_judges_only_the_same_data(tmp_path, small_report, gate_stored_run):
     """The quick and the full grid give some labels to other data (RMSNorm's zero-row case: the same
     shape, another seed). A baseline of the full grid's cells under those labels, made for real, shares
     no data with the quick run: every such cell is not judged, with the reason, none regresses, and
@@ -450,5 +441,5 @@ def test_a_quick_run_against_a_full_baseline_judges_only_the_same_data(tmp_path,
     shared = [c for c in quick["cells"] if c["key"] in {b["key"] for b in baseline["cells"]}]
     assert shared and comparison["regressions"] == [] and comparison["judged"] == 0
     assert comparison["not_judged"]["other data under the same label (another seed or case)"] == len(shared)
-    code, out = gate_stored_run(tmp_path, small_report, baseline=baseline)
+    code, out = gate_stored_run(baseline=baseline)
     assert code == 2 and "could judge nothing" in out, out

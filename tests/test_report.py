@@ -69,26 +69,10 @@ def test_one_extra_rounding_step_fails_the_gate_and_shows_where(tmp_path, baseli
 
 
 @pytest.fixture
-def main_before_sweep(monkeypatch, capsys, tmp_path):
-    """``python -m oracle.report``'s ``main`` in-process, the sweep patched to fail: a usage error
-    must exit 2 before it starts (what the command prints, stdout and stderr)."""
-    from oracle.report import __main__ as report_main
-
-    def sweep_started(*args, **kwargs):
-        raise AssertionError("the sweep started")
-
-    monkeypatch.setattr(report_main, "sweep_now", sweep_started)
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # main sets it: restored after the test
-
-    def run(*args: str) -> tuple[int, str, str]:
-        try:
-            code = report_main.main(["--json", str(tmp_path / "run.json"), "--html", str(tmp_path / "run.html"), *args])
-        except SystemExit as exit_:  # argparse's usage errors
-            code = exit_.code
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return run
+def main_before_sweep(report_main_before_sweep, tmp_path):
+    """The command's ``main`` in-process on the run's own paths, its sweep patched to fail."""
+    return lambda *args: report_main_before_sweep("--json", tmp_path / "run.json", "--html", tmp_path / "run.html",
+                                                  *args)
 
 
 def test_gate_usage_errors_exit_2(tmp_path, baseline, main_before_sweep):

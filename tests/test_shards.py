@@ -3,15 +3,12 @@ unsharded run, cell for cell, and a missing shard leaves its cells not judged, n
 
 from __future__ import annotations
 
-import io
 import json
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
 
 from oracle.ops import SPECS
-from oracle.report import __main__ as report_main
 from oracle.report import shards, sweep
 from tests.conftest import once_per_session, report_runs
 
@@ -50,13 +47,15 @@ def sharded(runs) -> list[Path]:
     return paths
 
 
-def gate_merged(tmp_path: Path, shards_: list[Path], baseline: str, name: str) -> tuple[int, str]:
+@pytest.fixture
+def gate_merged(tmp_path, report_main):
     """``python -m oracle.report --merge ... --gate`` (its main, in-process): exit status and output."""
-    out = io.StringIO()
-    with redirect_stdout(out):
-        code = report_main.main(["--merge", *map(str, shards_), "--json", str(tmp_path / f"{name}.json"),
-                                 "--html", str(tmp_path / f"{name}.html"), "--gate", "--baseline", baseline])
-    return code, out.getvalue()
+    def gate_it(shards_: list[Path], baseline: str, name: str) -> tuple[int, str]:
+        code, out, _ = report_main("--merge", *shards_, "--json", tmp_path / f"{name}.json",
+                                   "--html", tmp_path / f"{name}.html", "--gate", "--baseline", baseline)
+        return code, out
+
+    return gate_it
 
 
 def _comparable(cell: dict) -> tuple:
@@ -73,8 +72,8 @@ def test_every_task_is_in_exactly_one_shard():
         shards.parse("4/3")
 
 
-def test_the_union_of_the_shards_is_the_unsharded_run(sharded, whole, tmp_path):
-    code, out = gate_merged(tmp_path, sharded, whole["baseline"], "merged")
+def test_the_union_of_the_shards_is_the_unsharded_run(sharded, whole, tmp_path, gate_merged):
+    code, out = gate_merged(sharded, whole["baseline"], "merged")
     assert code == 0, out
     merged, whole = json.loads((tmp_path / "merged.json").read_text()), json.loads(Path(whole["json"]).read_text())
     assert sorted(map(_comparable, merged["cells"])) == sorted(map(_comparable, whole["cells"]))
@@ -82,8 +81,8 @@ def test_the_union_of_the_shards_is_the_unsharded_run(sharded, whole, tmp_path):
     assert "0 regressions; 0 baseline cells not judged" in out
 
 
-def test_a_missing_shard_is_not_judged_and_not_a_pass(sharded, whole, tmp_path):
-    code, out = gate_merged(tmp_path, sharded[:1], whole["baseline"], "one")
+def test_a_missing_shard_is_not_judged_and_not_a_pass(sharded, whole, gate_merged):
+    code, out = gate_merged(sharded[:1], whole["baseline"], "one")
     assert code == 2, out
     assert "in shard 2/2, which is missing" in out and "shard(s) 2/2 missing" in out, out
 
