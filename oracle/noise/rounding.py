@@ -120,8 +120,7 @@ def function_variance(value: torch.Tensor, dtype: torch.dtype, ulps: float, abso
     ``value`` or ``absolute_u`` units of its roundoff, whichever is larger."""
     if dtype == torch.float64:
         return torch.zeros_like(value)
-    # non-finite values are masked below, so the spacing may be the exponent bits' (_spacing_of_finite)
-    gap = _spacing_of_finite(value, dtype) if value.dtype == torch.float64 else spacing(value, dtype)
+    gap = _masked_spacing(value, dtype)  # non-finite values are masked below
     error = torch.maximum(ulps * gap, torch.full_like(value, absolute_u * unit_roundoff(dtype)))
     return torch.where(torch.isfinite(value), error, 0.0).square() / 3
 
@@ -141,11 +140,8 @@ def fast_exp_variance(y: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> t
     """Note [Fast maths]: exp(x) as exp2(fl(x log2 e)): the product's rounding to nearest in
     ``dtype``, through d exp2(t) / dt = y ln 2."""
     t = x * (1 / math.log(2))
-    # where t is NaN so is y, masked: the spacing may be the exponent bits' (_spacing_of_finite)
-    gap = _spacing_of_finite(t, dtype) if t.dtype == torch.float64 else spacing(t, dtype)
+    gap = _masked_spacing(t, dtype)  # where t is NaN so is y, masked
     return torch.where(torch.isfinite(y), (y * math.log(2) * gap).square() * NEAREST_VARIANCE, 0.0)
-
-
 
 
 def to_nearest(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -189,6 +185,12 @@ def _spacing_of_finite(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     magnitude = value.abs().clamp_(min=info.smallest_normal, max=info.max)
     power = magnitude.view(torch.int64).bitwise_and_(_EXPONENT_BITS).view(torch.float64)
     return power.mul_(info.eps)
+
+
+def _masked_spacing(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``spacing(value, dtype)`` for a caller that masks every non-finite place of its result: in
+    float64 the spacing may then be the exponent bits' (``_spacing_of_finite``), which is cheaper."""
+    return _spacing_of_finite(value, dtype) if value.dtype == torch.float64 else spacing(value, dtype)
 
 
 def rounding_sample(value: torch.Tensor, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:

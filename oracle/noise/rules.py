@@ -25,6 +25,7 @@ Note [Propagation rules]
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -59,18 +60,12 @@ CASTS = {aten._to_copy.default, aten.copy_.default, prims.convert_element_type.d
 def is_view(func) -> bool:
     """Whether the op returns a view of an input (its schema says the output aliases it)."""
     try:
-        return _IS_VIEW[func]
-    except KeyError:
-        pass
-    except TypeError:  # not hashable: not remembered
         return _is_view(func)
-    view = _IS_VIEW[func] = _is_view(func)
-    return view
+    except TypeError:  # not hashable: not remembered
+        return _is_view.__wrapped__(func)
 
 
-_IS_VIEW: dict = {}
-
-
+@functools.cache  # per op: the schema is read on every call the shadow evaluates
 def _is_view(func) -> bool:
     schema = getattr(func, "_schema", None)
     return bool(schema and schema.returns and schema.returns[0].alias_info is not None
@@ -93,7 +88,7 @@ def bind(func, args, kwargs) -> dict:
 def written_leaves(func, call) -> list[int]:
     """Indices of the call's leaves that the op writes into (``self`` of ``add_``, ``out=``)."""
     schema = getattr(func, "_schema", None)
-    if schema is None or not _writes(func, schema):
+    if schema is None or not _writes(func):
         return []
     args, kwargs = tree_unflatten(call.leaves, call.spec)
     bound = bind(func, args, kwargs)
@@ -101,15 +96,10 @@ def written_leaves(func, call) -> list[int]:
     return [i for i, leaf in enumerate(call.leaves) if any(leaf is t for t in targets if t is not None)]
 
 
-_WRITES: dict = {}
-
-
-def _writes(func, schema) -> bool:
+@functools.cache
+def _writes(func) -> bool:
     """Whether the op writes into any of its arguments (remembered per op)."""
-    writes = _WRITES.get(func)
-    if writes is None:
-        writes = _WRITES[func] = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-    return writes
+    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
 
 
 # --- what the rules read of a call ---------------------------------------------------------------
@@ -302,16 +292,16 @@ def finite_difference(call, outs: list, floating: list) -> dict[str, list]:
 def _first_sum(out: torch.Tensor, spread: torch.Tensor) -> torch.Tensor:
     """``zeros_like(out) + spread`` (its values, shape and strides) without the zeros, where the
     spread already has them."""
-    if spread.shape == out.shape and spread.stride() == out.stride() and spread.dtype == out.dtype:
-        return spread
-    return torch.zeros_like(out) + spread
+    return spread if _same_layout(spread, out) else torch.zeros_like(out) + spread
 
 
 def _add(total: torch.Tensor, spread: torch.Tensor) -> torch.Tensor:
     """``total + spread``, in place (``total`` is this function's own) where that keeps its layout."""
-    if spread.shape == total.shape and spread.stride() == total.stride() and spread.dtype == total.dtype:
-        return total.add_(spread)
-    return total + spread
+    return total.add_(spread) if _same_layout(spread, total) else total + spread
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
 
 
 def _spread(out: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
