@@ -2,3 +2,55 @@
 # entry point under this same name, and pytest then skips this line; a checkout used without
 # installing (PYTHONPATH=$PWD, as on the GPU machine) gets it from here.
 pytest_plugins = ["oracle.pytest_plugin"]
+
+# Note [Longest first]
+#     Under pytest -n auto the suite's wall time is its tail: xdist hands each worker a run of
+#     consecutive tests at the start, so a long test collected late starts late, and the session
+#     waits for it. So this suite's own tests are handed out one at a time (--maxschedchunk 1, a
+#     work queue) and the longest go first, measured on the H200 (16 workers) and the 2-core CPU
+#     machine. A test missing from the list only starts later; the order changes no result.
+#     Consumers of one shared fixture (a fresh venv, a small report) sit next to each other, so
+#     that the worker that builds it runs them rather than others waiting on its lock.
+LONGEST_FIRST = (
+    "tests/test_declared_project.py::test_compile_of_every_reference_passes",  # CPU: Inductor, in a fresh venv
+    "tests/test_packaging.py::test_an_author_runs_the_suite",                   # the same venv
+    "tests/test_noise.py::test_welfords_mean_and_variance",                     # Inductor compiles
+    "tests/test_crash.py::test_a_crashing_case_is_named",                       # a child pytest session
+    "tests/test_gate_own_op.py",                                                # a user's repository and its baseline
+    "tests/test_gate.py::test_updating_a_baseline_twice",                       # the small report and its rerun
+    "tests/test_models.py::test_short_training_run",
+    "tests/test_report.py::test_a_crash_loses_only_its_case",
+    "tests/test_report.py::test_one_extra_rounding_step",
+    "tests/test_shards.py::test_the_union_of_the_shards",
+    "tests/test_report.py::test_ops_an_implementation_declares_lacking",
+    "tests/test_crash.py::test_the_first_failure_stops",
+    "tests/test_sanitize.py::test_memcheck",
+    "tests/test_sanitize.py::test_the_kernels_raw_swiglu_forward",
+    "tests/test_scale.py::test_pytest_deselects",
+    "tests/test_docs.py::test_links_and_markup",                                # the docs' probe
+    "tests/test_ops.py::test_matches_hf__rope",
+    "tests/test_packaging.py",
+    "tests/test_declared_project.py",
+    "tests/test_models.py::test_patched_model_matches_unpatched",
+    "tests/test_runtime.py::test_an_explicit_choice",
+    "tests/test_ops.py::test_matches_hf",
+    "tests/test_compile.py::test_a_patched_model_compiles_whole",
+    "tests/test_runner.py",
+    "tests/test_engine.py::test_repro_command",
+    "tests/test_models.py",
+    "tests/test_catalogue.py",
+    "tests/test_ops.py::test_aliasing",
+)
+
+
+def pytest_configure(config):
+    if getattr(config.option, "maxschedchunk", "absent") is None:  # xdist is loaded and nobody chose
+        config.option.maxschedchunk = 1
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        return next((i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)),
+                    len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: within a rank, collection order

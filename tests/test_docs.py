@@ -727,15 +727,19 @@ def clean_env(**extra: str) -> dict[str, str]:
 def probe(questions) -> None:
     """Answer, in one process, every question not answered yet."""
     missing = list(dict.fromkeys(question for question in questions if question not in _ANSWERS))
-    if not missing:
-        return
+    if missing:
+        _ANSWERS.update(zip(missing, answers_of(missing)))
+
+
+def answers_of(questions: list[tuple]) -> list[str | None]:
+    """The probe process's answers to ``questions``, in their order."""
     with tempfile.TemporaryDirectory() as folder:
         answers = Path(folder) / "answers.json"
-        done = subprocess.run([sys.executable, __file__, "--probe", str(answers)], input=json.dumps(missing),
+        done = subprocess.run([sys.executable, __file__, "--probe", str(answers)], input=json.dumps(questions),
                               cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
         if done.returncode != 0:
             raise RuntimeError(f"the docs probe failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-        _ANSWERS.update(zip(missing, json.loads(answers.read_text())))
+        return json.loads(answers.read_text())
 
 
 def answer(question: tuple) -> str | None:
@@ -831,11 +835,17 @@ def fail_with(problems: list[Problem], what: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def probed() -> None:
-    """One probe process for the questions of every page and every self-test snippet."""
+def probed(tmp_path_factory) -> None:
+    """One probe process for the questions of every page and every self-test snippet, for the whole
+    session (each xdist worker reads the answers it stored: the questions are the same in each)."""
+    from tests.conftest import once_per_session  # not at the top: this file also runs as the probe script
+
     texts = [((ROOT / path).read_text(encoding="utf-8"), path) for path in PAGES]
     texts += [(text, SNIPPET_PATH) for text in [GOOD_PAGE, *(case[0] for case in BAD_SNIPPETS)]]
-    probe(question for text, path in texts for question in questions_of(read_page(text, path)))
+    questions = list(dict.fromkeys(question for text, path in texts
+                                   for question in questions_of(read_page(text, path))))
+    answers = once_per_session(tmp_path_factory, "docs-probe", lambda folder: answers_of(questions))
+    _ANSWERS.update(zip(questions, answers))
 
 
 def test_there_are_docs():
