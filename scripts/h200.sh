@@ -74,10 +74,13 @@ for step in "$@"; do
         2>&1 | tee "$OUT/pytest-unsloth-h200.log" | tail -30
       CI=true timeout 200 python3 -m pytest -n auto -p no:cacheprovider tests/test_ops.py --impl unsloth-inplace \
         2>&1 | tee "$OUT/pytest-unsloth-inplace-h200.log" | tail -15;;
-    flash-attn-tests)  # flash-attn's Triton kernels (peers/flash_attn_triton): carry .peers, its sdist and einops' wheel
-      CI=true flash_attn timeout ${PEERS_TIMEOUT:-200} python3 -m pytest -n auto -q -p no:cacheprovider --pyargs oracle.suite \
-        --op-module peers.flash_attn_triton.ops --impl peers.flash_attn_triton.impl:impl --ops "${FLASH_ATTN_OPS// /,}" \
-        2>&1 | tee "$OUT/pytest-flash-attn-h200.log" | tail -40;;
+    flash-attn-tests)  # flash-attn's Triton kernels (peers/flash_attn_triton): carry .peers, its sdist and einops' wheel;
+      # every result named in the log as it comes, so a run cut by its limit still says which failed
+      CI=true flash_attn timeout ${PEERS_TIMEOUT:-200} python3 -m pytest -n auto -v -p no:cacheprovider --durations=10 \
+        --pyargs oracle.suite --op-module peers.flash_attn_triton.ops --impl peers.flash_attn_triton.impl:impl \
+        --ops "${FLASH_ATTN_OPS// /,}" > "$OUT/pytest-flash-attn-h200.log" 2>&1
+      echo "flash-attn exit $?"; grep -E "(FAILED|ERROR) |^E  .{0,160}$| (passed|failed).* in " \
+        "$OUT/pytest-flash-attn-h200.log" | head -80;;
     liger-peer)  # Liger-Kernel 0.8.5's op set (peers/liger; carry .peers, its wheel): every case named in the log
       CI=true liger_peer timeout ${LIGER_TIMEOUT:-200} python3 -m pytest -n auto -v -p no:cacheprovider --durations=10 \
         --pyargs oracle.suite --op-module peers.liger.ops --impl peers.liger.impl:impl --ops "$(echo $LIGER_OPS | tr ' ' ,)" \
