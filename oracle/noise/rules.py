@@ -337,8 +337,8 @@ class _Rule:
 
     def __call__(self, call, outs, dtypes) -> dict[str, list]:
         acc = self.accumulation(call, outs, dtypes)
-        return {kind: [v + (a if kind in ACCUMULATING else 0) for v, a in zip(self.fn(call, outs, dtypes, kind), acc)]
-                for kind in KINDS}
+        return {kind: [None if v is None else v + (a if kind in ACCUMULATING else 0)  # None: an output not asked for
+                       for v, a in zip(self.fn(call, outs, dtypes, kind), acc)] for kind in KINDS}
 
 
 def _terms(x: torch.Tensor, out: torch.Tensor) -> float:
@@ -402,6 +402,54 @@ def _bilinear(product, a_name: str, b_name: str, terms, bias: str | None = None)
     return variances, accumulation
 
 
+def _convolve(call, x, w):
+    """The call's convolution (its strides, padding, groups...) of ``x`` by ``w``, without bias."""
+    v = _bound(call, "value")
+    return aten.convolution.default(x, w, None, v["stride"], v["padding"], v["dilation"], v["transposed"],
+                                    v["output_padding"], v["groups"])
+
+
+def _convolution_variances(call, outs, dtypes, kind):
+    """Bilinear in input and weight, as mm is (``_bilinear``), plus the bias along the channels."""
+    square, var = _bound(call, "square"), _bound(call, kind)
+    out = _convolve(call, square["input"], var["weight"]) + _convolve(call, var["input"], square["weight"])
+    bias = var["bias"]
+    return [out if bias is None else out + bias.view(1, -1, *[1] * (out.dim() - 2))]
+
+
+def _convolution_accumulation(call, outs, dtypes):
+    """Each output element sums the products its window covers: the convolution of the squares, and
+    of ones for their count (padding and strides counted exactly)."""
+    square, value, ones = _bound(call, "square"), _bound(call, "value"), _bound(call, "ones")
+    total = _convolve(call, value["input"], value["weight"])
+    return [R.accumulation_variance(total, _convolve(call, square["input"], square["weight"]),
+                                    _convolve(call, ones["input"], ones["weight"]), dtypes[0])]
+
+
+def _convolve_backward(call, go, x, w):
+    v = _bound(call, "value")
+    return aten.convolution_backward.default(go, x, w, v["bias_sizes"], v["stride"], v["padding"], v["dilation"],
+                                             v["transposed"], v["output_padding"], v["groups"], v["output_mask"])
+
+
+def _convolution_backward_variances(call, outs, dtypes, kind):
+    """grad_input is bilinear in (grad_output, weight), grad_weight in (grad_output, input), and
+    grad_bias sums grad_output: each output of the op applied to squares and variances."""
+    square, var = _bound(call, "square"), _bound(call, kind)
+    go2, x2, w2 = square["grad_output"], square["input"], square["weight"]
+    vgo, vx, vw = var["grad_output"], var["input"], var["weight"]
+    by_go, by_other = _convolve_backward(call, vgo, x2, w2), _convolve_backward(call, go2, vx, vw)
+    return [None if a is None else a + b if j < 2 else a for j, (a, b) in enumerate(zip(by_go, by_other))]
+
+
+def _convolution_backward_accumulation(call, outs, dtypes):
+    square, ones = _bound(call, "square"), _bound(call, "ones")
+    squares = _convolve_backward(call, square["grad_output"], square["input"], square["weight"])
+    counts = _convolve_backward(call, ones["grad_output"], ones["input"], ones["weight"])
+    return [None if o is None else R.accumulation_variance(o, q, n, d)
+            for o, q, n, d in zip(outs, squares, counts, dtypes)]
+
+
 def _scattered_variances(call, outs, dtypes, kind):
     """index_put(accumulate=True), index_add, scatter_add: linear in ``self`` and the added values
     with unit coefficients: the op applied to the variances."""
@@ -439,6 +487,8 @@ _EXACT = {
     aten.index_put_.default: _Rule(*_SCATTERED, _accumulates),
     aten._unsafe_index_put.default: _Rule(*_SCATTERED, _accumulates),
     aten.index_add.default: _Rule(*_SCATTERED), aten.scatter_add.default: _Rule(*_SCATTERED),
+    aten.convolution.default: _Rule(_convolution_variances, _convolution_accumulation),
+    aten.convolution_backward.default: _Rule(_convolution_backward_variances, _convolution_backward_accumulation),
 }
 
 

@@ -162,8 +162,9 @@ _NATIVE = {
     aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar, aten.lt.Tensor, aten.lt.Scalar,
     aten.le.Tensor, aten.le.Scalar, aten.gt.Tensor, aten.gt.Scalar, aten.ge.Tensor, aten.ge.Scalar,
     aten.isnan.default, aten.isinf.default, aten.floor.default, aten.ceil.default, aten.round.default,
-    aten.trunc.default, aten.convolution.default, aten.scatter.src, aten.scatter.value, aten.any.default,
-    aten.any.dim, aten.all.default, aten.argmax.default, aten.argmin.default, aten.isfinite.default,
+    aten.trunc.default, aten.convolution.default, aten.convolution_backward.default, aten.scatter.src,
+    aten.scatter.value, aten.any.default, aten.any.dim, aten.all.default, aten.argmax.default, aten.argmin.default,
+    aten.isfinite.default,
 }
 
 
