@@ -29,12 +29,12 @@ LONGEST_FIRST = (
     "tests/test_scale.py::test_pytest_deselects",
     "tests/test_docs.py::test_links_and_markup",                                # the docs' probe
     "tests/test_ops.py::test_matches_hf__rope",
+    "tests/test_compile.py::test_a_patched_model_compiles_whole",
     "tests/test_packaging.py",
     "tests/test_declared_project.py",
     "tests/test_models.py::test_patched_model_matches_unpatched",
     "tests/test_runtime.py::test_an_explicit_choice",
     "tests/test_ops.py::test_matches_hf",
-    "tests/test_compile.py::test_a_patched_model_compiles_whole",
     "tests/test_runner.py",
     "tests/test_engine.py::test_repro_command",
     "tests/test_models.py",
