@@ -71,7 +71,8 @@ def results(spec, case, device) -> dict:
     # the derived model itself, and the other order, on the prepared case's arguments
     args = spec.make_args(case, device)
     forward = engine.evaluate(spec, spec.reference, args, None)
-    upstream = {n: engine.upstream_gradient(case, n, o) for n, o in forward.outputs.items()} if spec.differentiable else {}
+    upstream = ({n: engine.upstream_gradient(case, n, o) for n, o in forward.outputs.items()}
+                if spec.differentiable else {})
     compute = engine._compute(case)
     d = noise.derive(spec, args, upstream, compute)
     for field in ("truth", "variance", "order_variance", "fast_variance", "generic"):

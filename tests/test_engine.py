@@ -82,19 +82,25 @@ def test_failure_output_names_case_metrics_and_repro(device):
         assert expected in text
 
 
-def _repro(argv: list[str], capsys) -> tuple[int, str, str]:
-    """``python -m oracle.repro``'s ``main`` in-process: its exit status, stdout and stderr."""
+@pytest.fixture
+def repro_main(monkeypatch, capsys):
+    """``python -m oracle.repro``'s ``main`` in-process: ``run(argv)`` gives its exit status, stdout
+    and stderr. ``main`` points Inductor's cache through the environment; restored after the test."""
     from oracle import repro
 
-    code = repro.main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        code = repro.main(argv)
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
 
 
-def test_repro_command_reruns_exactly_that_case(device, capsys, monkeypatch):
+def test_repro_command_reruns_exactly_that_case(device, repro_main):
     """The printed command, run as printed by a shell, fails the case; the kernels' command, its
     arguments parsed as the shell does and given to the same ``main``, passes it."""
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # repro's main sets it
     result = _run(ROPE, "tests.broken_impls:wrong_sign", device)
     command = result.repro.replace("python", sys.executable, 1)
     proc = subprocess.run(command, shell=True, capture_output=True, text=True)
@@ -102,15 +108,14 @@ def test_repro_command_reruns_exactly_that_case(device, capsys, monkeypatch):
     assert "FAIL: rope[packed] float16" in proc.stdout and "dQ" in proc.stdout
     python, module, name, *argv = shlex.split(_run(ROPE, "kernels", device).repro)
     assert (python, module, name) == ("python", "-m", "oracle.repro"), python
-    code, out, err = _repro(argv, capsys)
+    code, out, err = repro_main(argv)
     assert code == 0 and "rope[packed] float16" in out, out + err
 
 
-def test_repro_rejects_bad_input(capsys, monkeypatch):
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    code, _, err = _repro(["{not json"], capsys)
+def test_repro_rejects_bad_input(repro_main):
+    code, _, err = repro_main(["{not json"])
     assert code == 2 and "not a case" in err, err
-    code, _, err = _repro([json.dumps({**json.loads(RMS.to_json()), "op": "gelu"})], capsys)
+    code, _, err = repro_main([json.dumps({**json.loads(RMS.to_json()), "op": "gelu"})])
     assert code == 2 and "unknown op" in err, err
 
 
@@ -204,13 +209,12 @@ def test_an_error_in_float64_keeps_its_type_and_carries_the_same_notes(device):
     assert "NO_FLOAT64" in notes[2]
 
 
-def test_the_float64_repro_reruns_the_check(capsys, monkeypatch):
+def test_the_float64_repro_reruns_the_check(repro_main):
     """``oracle.repro --float64``'s verdicts (its main in-process: the command's own run is
     test_repro_command_reruns_exactly_that_case's)."""
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # repro's main sets it
 
     def repro(impl: str, case: Case = FLOAT64_RMS) -> tuple[int, str]:
-        code, out, err = _repro(["--impl", impl, "--float64", case.to_json()], capsys)
+        code, out, err = repro_main(["--impl", impl, "--float64", case.to_json()])
         return code, out + err
 
     code, out = repro("tests.broken_impls:rms_norm_dx_missing_projection")

@@ -250,7 +250,8 @@ def test_rms_norm_writing_into_its_shared_gradient_breaks_gemma(device):
 def training_runs(arch: str, device, **patch_options):
     inputs = batch("packed", device)
     base = tiny_model(arch, torch.float32, device)
-    ref, h = _hf_runs(base, inputs, STEPS, lambda: (reference(base, inputs, steps=STEPS), train(copy.deepcopy(base), inputs)))
+    ref, h = _hf_runs(base, inputs, STEPS,
+                      lambda: (reference(base, inputs, steps=STEPS), train(copy.deepcopy(base), inputs)))
     mine = copy.deepcopy(base)
     with patched(mine, **patch_options):
         k = train(mine, inputs)

@@ -105,7 +105,8 @@ def _install_fresh_venv(folder: Path, wheel: Path) -> dict:
 def fresh_venv(wheel, tmp_path_factory) -> Path:
     """A fresh venv with torch and the wheel (extras test and report), installed once per session
     (minutes on 2 cores) and never changed: each module works in a copy of it (``author``)."""
-    return Path(once_per_session(tmp_path_factory, "fresh-venv", lambda folder: _install_fresh_venv(folder, wheel))["venv"])
+    made = once_per_session(tmp_path_factory, "fresh-venv", lambda folder: _install_fresh_venv(folder, wheel))
+    return Path(made["venv"])
 
 
 def _copy_venv(venv: Path, copy: Path) -> None:
@@ -135,7 +136,8 @@ def author(fresh_venv, tmp_path_factory) -> SimpleNamespace:
     env = _outside_env(venv / "bin")
     home.mkdir()
     (home / "mykernels.py").write_text(AUTHOR_MODULE)
-    where = "import oracle, importlib.util, sys; print(oracle.__file__); print(importlib.util.find_spec('kernels')); print(sys.prefix)"
+    where = ("import oracle, importlib.util, sys; print(oracle.__file__); print(importlib.util.find_spec('kernels')); "
+             "print(sys.prefix)")
     site = _run([python, "-c", where], home, env)
     oracle_file, kernels_spec, prefix = site.stdout.split()
     # the harness comes from this copy of the venv, and the wheel claims no `kernels`
@@ -230,8 +232,8 @@ def test_hugging_faces_kernels_and_this_package_share_an_environment(author, whe
     assert again.returncode == 0, again.stdout + again.stderr
     assert python(hf).split() == [where, "True", "0.17.2"]
     # all of it happened in this module's copy: the session's venv has no `kernels`, and its harness is intact
-    original = _run([fresh_venv / "bin" / "python", "-c", "import importlib.util as u, oracle.suite; print(u.find_spec('kernels'))"],
-                    author.home, author.env)
+    spec_of_kernels = "import importlib.util as u, oracle.suite; print(u.find_spec('kernels'))"
+    original = _run([fresh_venv / "bin" / "python", "-c", spec_of_kernels], author.home, author.env)
     assert original.returncode == 0 and original.stdout.strip() == "None", original.stdout + original.stderr
 
 

@@ -402,17 +402,17 @@ def _bilinear(product, a_name: str, b_name: str, terms, bias: str | None = None)
     return variances, accumulation
 
 
-def _convolve(call, x, w):
-    """The call's convolution (its strides, padding, groups...) of ``x`` by ``w``, without bias."""
-    v = _bound(call, "value")
+def _convolve(v: dict, x, w):
+    """The convolution of ``x`` by ``w`` with the call's strides, padding, groups... (``v``: its
+    bound values), without bias."""
     return aten.convolution.default(x, w, None, v["stride"], v["padding"], v["dilation"], v["transposed"],
                                     v["output_padding"], v["groups"])
 
 
 def _convolution_variances(call, outs, dtypes, kind):
     """Bilinear in input and weight, as mm is (``_bilinear``), plus the bias along the channels."""
-    square, var = _bound(call, "square"), _bound(call, kind)
-    out = _convolve(call, square["input"], var["weight"]) + _convolve(call, var["input"], square["weight"])
+    value, square, var = _bound(call, "value"), _bound(call, "square"), _bound(call, kind)
+    out = _convolve(value, square["input"], var["weight"]) + _convolve(value, var["input"], square["weight"])
     bias = var["bias"]
     return [out if bias is None else out + bias.view(1, -1, *[1] * (out.dim() - 2))]
 
@@ -420,14 +420,13 @@ def _convolution_variances(call, outs, dtypes, kind):
 def _convolution_accumulation(call, outs, dtypes):
     """Each output element sums the products its window covers: the convolution of the squares, and
     of ones for their count (padding and strides counted exactly)."""
-    square, value, ones = _bound(call, "square"), _bound(call, "value"), _bound(call, "ones")
-    total = _convolve(call, value["input"], value["weight"])
-    return [R.accumulation_variance(total, _convolve(call, square["input"], square["weight"]),
-                                    _convolve(call, ones["input"], ones["weight"]), dtypes[0])]
+    value, square, ones = _bound(call, "value"), _bound(call, "square"), _bound(call, "ones")
+    total = _convolve(value, value["input"], value["weight"])
+    return [R.accumulation_variance(total, _convolve(value, square["input"], square["weight"]),
+                                    _convolve(value, ones["input"], ones["weight"]), dtypes[0])]
 
 
-def _convolve_backward(call, go, x, w):
-    v = _bound(call, "value")
+def _convolve_backward(v: dict, go, x, w):
     return aten.convolution_backward.default(go, x, w, v["bias_sizes"], v["stride"], v["padding"], v["dilation"],
                                              v["transposed"], v["output_padding"], v["groups"], v["output_mask"])
 
@@ -435,17 +434,19 @@ def _convolve_backward(call, go, x, w):
 def _convolution_backward_variances(call, outs, dtypes, kind):
     """grad_input is bilinear in (grad_output, weight), grad_weight in (grad_output, input), and
     grad_bias sums grad_output: each output of the op applied to squares and variances."""
-    square, var = _bound(call, "square"), _bound(call, kind)
-    go2, x2, w2 = square["grad_output"], square["input"], square["weight"]
-    vgo, vx, vw = var["grad_output"], var["input"], var["weight"]
-    by_go, by_other = _convolve_backward(call, vgo, x2, w2), _convolve_backward(call, go2, vx, vw)
-    return [None if a is None else a + b if j < 2 else a for j, (a, b) in enumerate(zip(by_go, by_other))]
+    value, square, var = _bound(call, "value"), _bound(call, "square"), _bound(call, kind)
+    by_grad = _convolve_backward(value, var["grad_output"], square["input"], square["weight"])
+    by_operand = _convolve_backward(value, square["grad_output"], var["input"], var["weight"])
+    grad_input, grad_weight, grad_bias = by_grad
+    return [None if grad_input is None else grad_input + by_operand[0],
+            None if grad_weight is None else grad_weight + by_operand[1],
+            grad_bias]  # linear in grad_output alone
 
 
 def _convolution_backward_accumulation(call, outs, dtypes):
-    square, ones = _bound(call, "square"), _bound(call, "ones")
-    squares = _convolve_backward(call, square["grad_output"], square["input"], square["weight"])
-    counts = _convolve_backward(call, ones["grad_output"], ones["input"], ones["weight"])
+    value, square, ones = _bound(call, "value"), _bound(call, "square"), _bound(call, "ones")
+    squares = _convolve_backward(value, square["grad_output"], square["input"], square["weight"])
+    counts = _convolve_backward(value, ones["grad_output"], ones["input"], ones["weight"])
     return [None if o is None else R.accumulation_variance(o, q, n, d)
             for o, q, n, d in zip(outs, squares, counts, dtypes)]
 
