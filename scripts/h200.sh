@@ -48,11 +48,13 @@ for step in "$@"; do
     monitor)
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/gpu-usage.csv" &;;
     landing)  # one call of at most 8 minutes (docs/howto/gpu-scale-and-sanitizer.md): failures named as they come (-v
-      # into the log), so a run cut by its limit still tells which; then a short random sample of the generic suite
+      # into the log), so a run cut by its limit still tells which; each line stamped with its second, so that
+      # scripts/worker_timeline.py can say where the wall time went; then a short random sample of the generic suite
       CI=true timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -n auto -v -p no:cacheprovider --durations=${DURATIONS:-15} \
-        > "$OUT/pytest-h200.log" 2>&1
-      echo "suite exit $?"; grep -E "(FAILED|ERROR) |^[0-9.]+s (call|setup|teardown) | (passed|failed).* in " \
+        2>&1 | python3 scripts/worker_timeline.py stamp > "$OUT/pytest-h200.log"
+      echo "suite exit $?"; grep -E "(FAILED|ERROR) |^ *[0-9.]+ [0-9.]+s (call|setup|teardown) | (passed|failed).* in " \
         "$OUT/pytest-h200.log" | tail -40
+      python3 scripts/worker_timeline.py summary "$OUT/pytest-h200.log"
       HYPOTHESIS_PROFILE=sample timeout ${SAMPLE_TIMEOUT:-120} python3 -m pytest -n auto -q -p no:cacheprovider \
         tests/test_ops.py -k matches_hf 2>&1 | tee "$OUT/pytest-sample-h200.log" | grep -E "FAILED|ERROR|passed|failed";;
     tests)

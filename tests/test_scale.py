@@ -216,14 +216,14 @@ def test_scale_without_a_gpu_is_a_usage_error():
 
 
 def test_pytest_deselects_the_scale_grid_unless_asked():
-    def collect(*flags):
-        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                               "tests/test_ops.py", "-k", "at_scale", *flags], cwd=ROOT, capture_output=True,
-                              text=True, timeout=120, check=False)
-        return proc.stdout
+    def collecting(*flags) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                 "tests/test_ops.py", "-k", "at_scale", *flags], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    plain, scale = collecting(), collecting("--scale")  # at once: each is a pytest start-up, seconds long
     total = sum(len(spec.scale()) for spec in SPECS.values())
-    assert "no tests collected" in collect()
-    assert f"{total}/" in collect("--scale")
+    assert "no tests collected" in plain.communicate(timeout=120)[0]
+    assert f"{total}/" in scale.communicate(timeout=120)[0]
 
 
 @pytest.mark.gpu
