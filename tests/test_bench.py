@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from oracle import bench
-from oracle.bench import Timing, gate, host_and_loop_ms, main, ratios_to_compile, tally, targets
+from oracle.bench import GateRefused, Timing, gate, host_and_loop_ms, main, ratios_to_compile, tally, targets
 from oracle.ops import SPECS
 from oracle.workload import Bench, Workload
 
@@ -124,8 +124,8 @@ def _run(sweep_kernels_gpu=None) -> dict:
     if sweep_kernels_gpu:
         sweep = [replace(t, fwd_bwd_gpu_ms=sweep_kernels_gpu)
                  if (t.impl, t.op_variant, t.width) == ("kernels", "gemma", 256) else t for t in sweep]
-    return {"schema": bench.SCHEMA, "timings": [asdict(t) for t in _workload()],
-            "column_sweep": [asdict(t) for t in sweep]}
+    return {"schema": bench.SCHEMA, "environment": {"platform": "cuda-NVIDIA-H200"},
+            "timings": [asdict(t) for t in _workload()], "column_sweep": [asdict(t) for t in sweep]}
 
 
 def test_gate_compares_gpu_ratios_at_model_shapes_and_every_sweep_row():
@@ -169,6 +169,35 @@ def test_gate_falls_back_to_wall_where_a_gpu_time_is_missing():
     assert "rms_norm/llama/bfloat16/fwd_bwd (wall)" in ratios and "rms_norm/llama/bfloat16/fwd_bwd (gpu)" not in ratios
     report = gate(run, _run())  # a change of basis is a new key and a gone one, never compared
     assert report.regressions == [] and report.new == ["rms_norm/llama/bfloat16/fwd_bwd (wall)"]
+
+
+def test_the_gate_refuses_another_platforms_or_an_unrecorded_one():
+    other = _run() | {"environment": {"platform": "cuda-NVIDIA-H100-80GB-HBM3"}}
+    with pytest.raises(GateRefused, match="measured on cuda-NVIDIA-H100-80GB-HBM3, this run on cuda-NVIDIA-H200"):
+        gate(_run(), other)
+    with pytest.raises(GateRefused, match="measured on an unrecorded platform"):
+        gate(_run(), {k: v for k, v in _run().items() if k != "environment"})
+    assert gate(_run(), _run()).compared == 10  # the same platform: compared
+
+
+@pytest.mark.parametrize("impl, value", [("kernels", "0"), ("compile", "inf")])
+def test_the_gate_refuses_a_time_of_zero(impl, value):
+    """0 ms (kernels: a ratio of 0, which never regresses; compile: a ratio of infinity) is a broken
+    measurement, not a result: the gate says which ratio and refuses, in the run or in the baseline."""
+    broken = _run()
+    for t in broken["timings"]:
+        if t["impl"] == impl:
+            t["fwd_bwd_gpu_ms"] = 0.0
+    with pytest.raises(GateRefused, match=rf"rms_norm/llama/bfloat16/fwd_bwd \(gpu\) = {value} in this run"):
+        gate(broken, _run())
+    with pytest.raises(GateRefused, match="in the baseline"):
+        gate(_run(), broken)
+
+
+def test_the_gate_refuses_to_compare_nothing():
+    empty = _run() | {"timings": [], "column_sweep": []}
+    with pytest.raises(GateRefused, match=r"no ratio to torch.compile is in both \(10 in this run, 0 in the baseline\)"):
+        gate(_run(), empty)
 
 
 # --- the host-loop timer ------------------------------------------------------------------------
@@ -335,6 +364,24 @@ def test_the_gate_refuses_a_baseline_of_another_schema(tmp_path, capsys):
     old = _run() | {"schema": "kernel-oracle/bench/1"}
     assert main(["--gate", "--baseline", str(_stored(tmp_path, old))]) == 2
     assert "expected 'kernel-oracle/bench/2'" in capsys.readouterr().err
+
+
+def test_the_gate_refuses_a_baseline_of_another_platform_before_the_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "run", lambda **kwargs: pytest.fail("the benchmark ran"))
+    other = _run() | {"environment": {"platform": "cuda-Some-Other-GPU"}}
+    assert main(["--gate", "--baseline", str(_stored(tmp_path, other))]) == 2
+    assert f"measured on cuda-Some-Other-GPU, this machine is {bench.platform_key()}" in capsys.readouterr().err
+
+
+def test_a_gate_that_cannot_judge_exits_2_after_the_run(tmp_path, capsys, monkeypatch):
+    """The run's own times decide it: here, no ratio in common with the baseline."""
+    here = _run() | {"environment": {"platform": bench.platform_key()}}
+    monkeypatch.setattr(bench, "run", lambda **kwargs: here | {"timings": [], "column_sweep": [], "targets": [],
+                                                               "targets_held": 0, "targets_missed": 0,
+                                                               "elapsed_s": 1.0, "skipped": []})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert main(["--gate", "--baseline", str(_stored(tmp_path, here))]) == 2
+    assert "the gate cannot judge against" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--widths", "256,abc"], ["--widths", "0"], ["--quick", "--widths", "256"],

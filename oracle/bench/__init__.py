@@ -27,7 +27,8 @@ Note [How fwd+bwd is measured]
 
 ``targets`` evaluates the performance issue's targets on this one run (``target`` lines and a summary);
 ``--gate`` compares kernels' GPU-time ratios to torch.compile, at model shapes and every sweep row, with the
-committed benchmark and exits 1 when one grew by more than 10%. ``--plot`` renders a stored run's sweep
+committed benchmark and exits 1 when one grew by more than 10% (2 when the two runs cannot be compared: another
+platform, a time of 0, no ratio in both). ``--plot`` renders a stored run's sweep
 (oracle/bench/plot.py). ``--position-check`` times only what rope's position-id range check costs per call
 (runs on the CPU too, in seconds) and exits: see ``position_check_cost``.
 """
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -47,7 +49,7 @@ import torch
 
 from .targets import (FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, MEMORY_PEER,  # noqa: F401
                             NARROW_BELOW, OURS, SCHEMA, WALL_TARGET)
-from ..environment import environment, write_json_atomic
+from ..environment import environment, platform_key, write_json_atomic
 from ..ops import SPECS
 from ..workload import Workload, forget_compiled, randn_cuda
 
@@ -364,7 +366,8 @@ def _gate_key(t: dict) -> str:
 def ratios_to_compile(result: dict) -> dict[str, float]:
     """'op/variant[/width cols]/dtype/phase (basis)' -> kernels' time over torch.compile's, at model shapes
     and on every sweep row of one run: GPU times (CUDA-graph replay, steady), do_bench's wall times only where
-    a GPU time is missing. The basis is in the key, so a ratio is only ever compared with one of its kind."""
+    a GPU time is missing (None). The basis is in the key, so a ratio is only ever compared with one of its
+    kind. A time of 0 (or below) gives a ratio of 0 or infinity, which ``gate`` refuses to judge."""
     table: dict[str, dict[str, dict]] = {}
     for t in [*result.get("timings", []), *result.get("column_sweep", [])]:
         table.setdefault(_gate_key(t), {})[t["impl"]] = t
@@ -375,8 +378,8 @@ def ratios_to_compile(result: dict) -> dict[str, float]:
             continue
         for phase in ("fwd", "fwd_bwd"):
             for basis, attr in (("gpu", f"{phase}_gpu_ms"), ("wall", f"{phase}_ms")):
-                if ours.get(attr) and compiled.get(attr):
-                    out[f"{key}/{phase} ({basis})"] = ours[attr] / compiled[attr]
+                if ours.get(attr) is not None and compiled.get(attr) is not None:
+                    out[f"{key}/{phase} ({basis})"] = ours[attr] / compiled[attr] if compiled[attr] > 0 else math.inf
                     break
     return out
 
@@ -389,10 +392,33 @@ class GateReport:
     compared: int = 0
 
 
+class GateRefused(ValueError):
+    """The gate cannot judge this run against this baseline (the command exits 2): they were measured on
+    different platforms, a ratio is not a positive number, or no ratio is in both."""
+
+
+def platform_of(result: dict) -> str | None:
+    return (result.get("environment") or {}).get("platform")
+
+
 def gate(current: dict, baseline: dict) -> GateReport:
-    """Regressions: ratios to torch.compile that grew by more than GATE_MARGIN against the baseline's."""
+    """Regressions: ratios to torch.compile that grew by more than GATE_MARGIN against the baseline's.
+    Raises GateRefused where a comparison would mean nothing (a gate that compared nothing used to pass)."""
+    here, there = platform_of(current), platform_of(baseline)
+    if here is None or here != there:
+        raise GateRefused(f"the baseline was measured on {there or 'an unrecorded platform'}, this run on "
+                          f"{here or 'an unrecorded platform'}: ratios to torch.compile are compared on one "
+                          "platform only (store this run with --json to gate against it)")
     now, before = ratios_to_compile(current), ratios_to_compile(baseline)
+    unusable = [f"{key} = {value:g} in {where}" for where, ratios in (("this run", now), ("the baseline", before))
+                for key, value in sorted(ratios.items()) if not (math.isfinite(value) and value > 0)]
+    if unusable:
+        raise GateRefused(f"{len(unusable)} ratio(s) to torch.compile are not a positive number (a time of 0 "
+                          f"or below): {'; '.join(unusable[:4])}{'; ...' if len(unusable) > 4 else ''}")
     common = sorted(now.keys() & before.keys())
+    if not common:
+        raise GateRefused(f"no ratio to torch.compile is in both ({len(now)} in this run, {len(before)} in the "
+                          "baseline): nothing to compare")
     return GateReport(
         regressions=[f"{key}: ratio to torch.compile {before[key]:.3f} -> {now[key]:.3f} "
                      f"(+{now[key] / before[key] - 1:.0%})"
@@ -559,6 +585,11 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             print(f"error: cannot use baseline {args.baseline}: {exc}", file=sys.stderr)
             return 2
+        if platform_of(baseline) != platform_key():
+            print(f"error: cannot use baseline {args.baseline}: measured on "
+                  f"{platform_of(baseline) or 'an unrecorded platform'}, this machine is {platform_key()}",
+                  file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("error: oracle.bench times GPU kernels and needs a CUDA device; this machine has none "
               "(the correctness suite and the report run on CPU; --plot and --position-check do too)",
@@ -575,7 +606,11 @@ def main(argv: list[str] | None = None) -> int:
         write_json_atomic(args.json, result)
         print(f"wrote {args.json}")
     if baseline is not None:
-        report = gate(result, baseline)
+        try:
+            report = gate(result, baseline)
+        except GateRefused as exc:
+            print(f"error: the gate cannot judge against {args.baseline}: {exc}", file=sys.stderr)
+            return 2
         for line in report.regressions:
             print("REGRESSION " + line)
         for key in report.new:
