@@ -512,16 +512,24 @@ def compile_message(code: str) -> str | None:
 # pytest
 
 
+_PYTEST_HELP: list[str] = []  # the session's ``pytest --help``, once the probed fixture has read it
+
+
 @functools.cache
 def pytest_options() -> dict[str, bool]:
     """Every option pytest accepts in this repository (its own, its plugins', the oracle plugin's),
     and whether it takes a value: read from ``pytest --help`` at the root, where pyproject.toml and
-    conftest.py apply as they do for a reader."""
+    conftest.py apply as they do for a reader. Under the probed fixture, the help its session ran
+    once (a pytest start-up took 13 s per xdist worker on the GPU machine); else run here."""
+    return options_in_help(_PYTEST_HELP[0] if _PYTEST_HELP else pytest_help())
+
+
+def pytest_help() -> str:
     done = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=ROOT, env=clean_env(COLUMNS="200"),
                           capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     if done.returncode != 0:
         raise RuntimeError(f"pytest --help failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return options_in_help(done.stdout)
+    return done.stdout
 
 
 HELP_OPTION_LINE = re.compile(r"^  (-[^ ].*?)(?: {2,}|$)")
@@ -836,16 +844,24 @@ def fail_with(problems: list[Problem], what: str) -> None:
 
 @pytest.fixture(scope="session")
 def probed(tmp_path_factory) -> None:
-    """One probe process for the questions of every page and every self-test snippet, for the whole
-    session (each xdist worker reads the answers it stored: the questions are the same in each)."""
+    """One probe process for the questions of every page and every self-test snippet, and one
+    ``pytest --help`` beside it, for the whole session (each xdist worker reads what they stored:
+    the questions are the same in each)."""
     from tests.conftest import once_per_session  # not at the top: this file also runs as the probe script
 
     texts = [((ROOT / path).read_text(encoding="utf-8"), path) for path in PAGES]
     texts += [(text, SNIPPET_PATH) for text in [GOOD_PAGE, *(case[0] for case in BAD_SNIPPETS)]]
-    questions = list(dict.fromkeys(question for text, path in texts
-                                   for question in questions_of(read_page(text, path))))
-    answers = once_per_session(tmp_path_factory, "docs-probe", lambda folder: answers_of(questions))
-    _ANSWERS.update(zip(questions, answers))
+
+    def questions() -> list[tuple]:  # a pytest command's questions depend on which of its options take values
+        return list(dict.fromkeys(question for text, path in texts for question in questions_of(read_page(text, path))))
+
+    def make(folder) -> dict:
+        _PYTEST_HELP[:] = [pytest_help()]
+        return {"pytest_help": _PYTEST_HELP[0], "answers": answers_of(questions())}
+
+    stored = once_per_session(tmp_path_factory, "docs-probe", make)
+    _PYTEST_HELP[:] = [stored["pytest_help"]]
+    _ANSWERS.update(zip(questions(), stored["answers"]))
 
 
 def test_there_are_docs():
@@ -1010,7 +1026,7 @@ def test_commands_split_as_a_shell_splits_them():
         ["python", "-m", "oracle.report", "--gate"], ["pytest", "-q"], ["echo", "a && b"], ["tee", "x"]]
 
 
-def test_pytest_options_include_its_plugins():
+def test_pytest_options_include_its_plugins(probed):
     assert {"-k", "-n", "--impl", "--ops", "--scale", "--op-module", "--noise-model", "--hypothesis-profile"} \
         <= set(pytest_options())
     assert pytest_options()["-n"] and not pytest_options()["--scale"]
