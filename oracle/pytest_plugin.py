@@ -119,6 +119,70 @@ def pytest_configure(config):
         share_cores(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     _load_profile()
     _bound_shrinking()
+    if config.getoption("--noise-model"):
+        os.environ["ORACLE_NOISE_MODEL"] = config.getoption("--noise-model")  # the workers' too
+    if _xdist_controller(config):
+        config.oracle_settling = _Settling(config)  # Note [The controller settles beside its workers]
+    else:
+        _settle(config)
+
+
+# Note [The controller settles beside its workers]
+#     Under pytest-xdist the controller runs no test, but it must refuse a bad --impl, --ops or
+#     --op-module before the session (one usage error, exit 4) and know the ops declared lacking
+#     for its summary. That needs the implementation loaded: torch, triton and the kernels, about
+#     7 s of the GPU machine's 9 s before its workers even started, and the workers load it all
+#     again. So the controller loads it in a thread while xdist starts the workers, and waits for
+#     it once they are started (pytest_sessionstart below): a usage error still ends the session
+#     before any test runs, with the same message and exit status.
+
+
+def _xdist_controller(config) -> bool:
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None)) \
+        and getattr(config.option, "dist", "no") != "no"
+
+
+class _Settling:
+    """``_settle(config)`` in a thread; ``wait()`` re-raises what it raised."""
+
+    def __init__(self, config):
+        import threading
+
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(config,), name="kernel-oracle settle", daemon=True)
+        self.thread.start()
+
+    def _run(self, config) -> None:
+        try:
+            _settle(config)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread by wait()
+            self.error = exc
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionstart(session):
+    result = yield  # xdist's controller has started its workers (its own pytest_sessionstart)
+    settling = getattr(session.config, "oracle_settling", None)
+    if settling is not None:
+        try:
+            settling.wait()
+        except pytest.UsageError:
+            dsession = session.config.pluginmanager.getplugin("dsession")
+            manager = getattr(dsession, "nodemanager", None)
+            if manager is not None:  # the session ends here, before its finish hooks: stop the workers
+                manager.teardown_nodes()
+            raise
+    return result
+
+
+def _settle(config) -> None:
+    """Load the implementation and the declarations, check the noise model, settle the ops asked."""
+    name = _asked(config)
     from oracle import engine
     from oracle.impls import ImplementationUnavailable, load
     from oracle.ops import SPECS
@@ -126,9 +190,6 @@ def pytest_configure(config):
     if _record_inflight not in engine.INFLIGHT_HOOKS:
         engine.INFLIGHT_HOOKS.append(_record_inflight)
     from oracle.registry import DeclarationError, load_declared
-
-    if config.getoption("--noise-model"):
-        os.environ["ORACLE_NOISE_MODEL"] = config.getoption("--noise-model")  # the workers' too
     from oracle.environment import separate_compile_caches
 
     separate_compile_caches()

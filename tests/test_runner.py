@@ -23,14 +23,16 @@ def _pytest(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
-@pytest.mark.parametrize("impl, says", [
-    ("mypkg.typo:ops", ["cannot import 'mypkg.typo': No module named 'mypkg'"]),
-    ("tests.broken_impls:misnamed_rms_norm", ["lacks ", "rms_norm,", "swiglu,", "'rmsnorm' is not 'rms_norm'"]),
-    ("tests.broken_impls:only_swiglu", ["lacks ", "rms_norm,", "rope,", "swiglu_fg_kernel,"]),
-    ("nonsense", ["unknown implementation 'nonsense'"]),
+@pytest.mark.parametrize("impl, says, workers", [
+    ("mypkg.typo:ops", ["cannot import 'mypkg.typo': No module named 'mypkg'"], []),
+    ("tests.broken_impls:misnamed_rms_norm", ["lacks ", "rms_norm,", "swiglu,", "'rmsnorm' is not 'rms_norm'"], []),
+    ("tests.broken_impls:only_swiglu", ["lacks ", "rms_norm,", "rope,", "swiglu_fg_kernel,"], []),
+    # under xdist the controller loads the implementation while its workers start (pytest_plugin.py,
+    # Note [The controller settles beside its workers]): the session still ends before any test
+    ("nonsense", ["unknown implementation 'nonsense'"], ["-n", "2"]),
 ])
-def test_an_implementation_that_cannot_answer_fails_the_session(impl, says):
-    proc = _pytest("tests/test_ops.py", "--impl", impl)
+def test_an_implementation_that_cannot_answer_fails_the_session(impl, says, workers):
+    proc = _pytest("tests/test_ops.py", "--impl", impl, *workers)
     out = proc.stdout + proc.stderr
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
     assert f"--impl {impl}: " in out and all(part in out for part in says), out
@@ -66,7 +68,8 @@ def test_declared_lacks_are_skipped_but_never_asked_for():
 
 
 def test_ops_declared_lacking_are_listed_at_the_end_of_the_session():
-    proc = _pytest("tests/test_ops.py", "-k", "float64 and not every_variant",
+    """Under xdist, as CI runs: the controller, which runs no test, settled the ops for its summary."""
+    proc = _pytest("tests/test_ops.py", "-k", "float64 and not every_variant", "-n", "2",
                    "--impl", "tests.broken_impls:declares_what_it_lacks")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
