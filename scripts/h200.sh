@@ -82,16 +82,18 @@ for step in "$@"; do
         --pyargs oracle.suite --op-module peers.flash_attn_triton.ops --impl peers.flash_attn_triton.impl:impl \
         --ops "${FLASH_ATTN_OPS// /,}" > "$OUT/pytest-flash-attn-h200.log" 2>&1
       echo "flash-attn exit $?"; grep -E "(FAILED|ERROR) |^E  .{0,160}$| (passed|failed).* in " \
-        "$OUT/pytest-flash-attn-h200.log" | head -80;;
+        "$OUT/pytest-flash-attn-h200.log" | head -80 || true;;
     liger-peer)  # Liger-Kernel 0.8.5's op set (peers/liger; carry .peers, its wheel): every case named in the log
       CI=true liger_peer timeout ${LIGER_TIMEOUT:-200} python3 -m pytest -n auto -v -p no:cacheprovider --durations=10 \
         --pyargs oracle.suite --op-module peers.liger.ops --impl peers.liger.impl:impl --ops "$(echo $LIGER_OPS | tr ' ' ,)" \
         > "$OUT/pytest-liger-peer-h200.log" 2>&1
       echo "liger-peer exit $?"; grep -E "(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-liger-peer-h200.log" | tail -60
       grep -cE " PASSED" "$OUT/pytest-liger-peer-h200.log";;
-    flash-attn-report)  # the report's sweep and compute-sanitizer on flash-attn's kernels (carry .peers)
+    flash-attn-report)  # the report's sweep and compute-sanitizer on flash-attn's kernels (carry .peers; REPORT_WORKERS:
+      # its autotuned kernels compile per config and width, about 9 s a case on one worker)
       flash_attn timeout ${REPORT_TIMEOUT:-200} python3 -m oracle.report --op-module peers.flash_attn_triton.ops \
-        --impl peers.flash_attn_triton.impl:impl --ops $FLASH_ATTN_OPS --json "$OUT/drift-flash-attn-h200.json" \
+        --impl peers.flash_attn_triton.impl:impl --ops $FLASH_ATTN_OPS ${REPORT_WORKERS:+--workers $REPORT_WORKERS} \
+        --json "$OUT/drift-flash-attn-h200.json" \
         --html /tmp/flash-attn.html 2>&1 | tee "$OUT/report-flash-attn-h200.log" | tail -25
       flash_attn timeout ${SANITIZE_TIMEOUT:-200} python3 -m oracle.sanitize --op-module peers.flash_attn_triton.ops \
         --impl peers.flash_attn_triton.impl:impl --ops $FLASH_ATTN_OPS --json "$OUT/sanitize-flash-attn-h200.json" 2>&1 \
