@@ -94,7 +94,7 @@ for step in "$@"; do
       flash_attn timeout ${REPORT_TIMEOUT:-200} python3 -m oracle.report --op-module peers.flash_attn_triton.ops \
         --impl peers.flash_attn_triton.impl:impl --ops $FLASH_ATTN_OPS ${REPORT_WORKERS:+--workers $REPORT_WORKERS} \
         --json "$OUT/drift-flash-attn-h200.json" \
-        --html /tmp/flash-attn.html 2>&1 | tee "$OUT/report-flash-attn-h200.log" | tail -25
+        --html "$OUT/drift-flash-attn-h200.html" 2>&1 | tee "$OUT/report-flash-attn-h200.log" | tail -25
       flash_attn timeout ${SANITIZE_TIMEOUT:-200} python3 -m oracle.sanitize --op-module peers.flash_attn_triton.ops \
         --impl peers.flash_attn_triton.impl:impl --ops $FLASH_ATTN_OPS --json "$OUT/sanitize-flash-attn-h200.json" 2>&1 \
         | tee "$OUT/sanitize-flash-attn-h200.log" | tail -25;;
