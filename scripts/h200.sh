@@ -50,8 +50,10 @@ for step in "$@"; do
     landing)  # one call of at most 8 minutes (docs/howto/gpu-scale-and-sanitizer.md): failures named as they come (-v
       # into the log), so a run cut by its limit still tells which; each line stamped with its second, so that
       # scripts/worker_timeline.py can say where the wall time went; then a short random sample of the generic suite
-      CI=true timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -n auto -v -p no:cacheprovider --durations=${DURATIONS:-15} \
-        2>&1 | python3 scripts/worker_timeline.py stamp > "$OUT/pytest-h200.log"
+      # WORKERS: xdist's worker count (default auto: one per core), to measure the suite with fewer
+      # processes time-slicing the one GPU
+      CI=true timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -n ${WORKERS:-auto} -v -p no:cacheprovider \
+        --durations=${DURATIONS:-15} 2>&1 | python3 scripts/worker_timeline.py stamp > "$OUT/pytest-h200.log"
       echo "suite exit $?"; grep -E "(FAILED|ERROR) |^ *[0-9.]+ [0-9.]+s (call|setup|teardown) | (passed|failed).* in " \
         "$OUT/pytest-h200.log" | tail -40
       python3 scripts/worker_timeline.py summary "$OUT/pytest-h200.log"
