@@ -10,6 +10,13 @@ Note [Scalar arguments under the interpreter]
     GPU. ``install`` wraps the interpreter's argument conversion so that a float becomes the fp32
     scalar the GPU's launcher makes, and a bool the i1 one (triton 3.6's interpreter has no bool
     case and fails on one).
+
+Note [A builtin under a library's name]
+    The interpreter binds the builtins of the ``triton.language`` modules a kernel's globals hold
+    (``tl.cast``), but not a builtin the library bound to a name of its own (Unsloth's
+    ``triton_cast = tl.cast``): called as it is, it raises "Did you forget to add @triton.jit ?".
+    The GPU compiler resolves any global to its builtin, so each such name is bound for the launch
+    to the builtin called as the interpreter calls tl's own, and restored afterwards.
 """
 
 from __future__ import annotations
@@ -79,7 +86,16 @@ def _libdevice():
     return generic, cuda, originals, interpreted
 
 
+def _builtin_call(builtin, *args, **kwargs):
+    from triton.runtime.interpreter import interpreter_semantic
+
+    kwargs.pop("_semantic", None)
+    return builtin(*args, **kwargs, _semantic=interpreter_semantic)
+
+
 def _binding_patch(original):
+    from triton.language.core import is_builtin
+
     def patch_lang(fn):
         scope = _Scope(original(fn))
         generic, cuda, originals, interpreted = _libdevice()
@@ -95,6 +111,9 @@ def _binding_patch(original):
             if name is not None:
                 scope.rebound.append((namespace, key, value))
                 namespace[key] = interpreted[name]
+            elif is_builtin(value):  # Note [A builtin under a library's name]
+                scope.rebound.append((namespace, key, value))
+                namespace[key] = functools.partial(_builtin_call, value)
         return scope
 
     patch_lang._oracle_original = original

@@ -143,6 +143,25 @@ def reciprocal_high(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
+# --- a builtin of triton.language bound to a name of the library's own ---------------------------------
+
+cast_to = tl.cast  # Unsloth's kernels/utils.py: ``triton_cast = tl.cast``, called inside its kernels
+
+
+@triton.jit
+def _offset_rows(Y, X, stride, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    start = row * cast_to(stride, tl.int64)
+    tl.store(Y + start + offs, tl.load(X + start + offs, mask=offs < n) + 1.0, mask=offs < n)
+
+
+def offset_rows(x: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(x)
+    _offset_rows[(x.shape[0],)](y, x, x.stride(0), x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
 # --- scalar arguments -----------------------------------------------------------------------------------
 
 

@@ -321,6 +321,14 @@ def test_conversions_and_integer_intrinsics(k):
     assert got == [2**24 + 2, -(2**24), 3.0, 0.0]
 
 
+def test_a_builtin_bound_to_a_library_name_runs(k):
+    # unfixed (Unsloth 2026.10.9's cross-entropy, ``triton_cast = tl.cast``): InterpreterError:
+    # ValueError('Did you forget to add @triton.jit ? (`_semantic` argument must be provided outside of JIT functions.)')
+    x = torch.randn(3, 5, generator=_gen(21))
+    assert torch.equal(k.offset_rows(x), x + 1.0)
+    assert k.cast_to is k.tl.cast  # the alias is the library's again after the launch
+
+
 # --- scalar arguments -----------------------------------------------------------------------------------
 
 
