@@ -11,6 +11,7 @@
 #   bash scripts/h200.sh flash-attn-tests flash-attn-report  # carry .peers: flash-attn's sdist and einops (peers/flash_attn_triton)
 #   bash scripts/h200.sh noise-tables compile-bench    # the derived noise model's tables; the kernels inside compiled models
 #   bash scripts/h200.sh liger-peer                     # carry .peers: Liger-Kernel 0.8.5's wheel (peers/liger)
+#   bash scripts/h200.sh unsloth-peer                   # carry .peers: unsloth and unsloth_zoo 2026.10.9 (peers/unsloth)
 # With several GPUs, `monitor` logs each GPU's utilisation and memory every 2 s until the call ends.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -91,6 +92,14 @@ for step in "$@"; do
         > "$OUT/pytest-liger-peer-h200.log" 2>&1
       echo "liger-peer exit $?"; grep -E "(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-liger-peer-h200.log" | tail -60
       grep -cE " PASSED" "$OUT/pytest-liger-peer-h200.log";;
+    unsloth-peer)  # Unsloth's LoRA Functions and fast cross-entropy (peers/unsloth; carry its two wheels in .peers)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/unsloth .peers/unsloth*.whl 2>&1 \
+        | grep -v "already exists" || true
+      CI=true PYTHONPATH="$PWD:/tmp/unsloth" timeout ${UNSLOTH_TIMEOUT:-200} python3 -m pytest -n auto -v -p no:cacheprovider \
+        --durations=10 --pyargs oracle.suite --op-module peers.unsloth.ops --impl peers.unsloth.impl:impl \
+        > "$OUT/pytest-unsloth-peer-h200.log" 2>&1
+      echo "unsloth-peer exit $?"; grep -E "(FAILED|ERROR) |^E   .*(FAIL|declaration problem)|^E   .*\[[a-z-]+\] | (passed|failed).* in " \
+        "$OUT/pytest-unsloth-peer-h200.log" | cut -c1-260 | head -60;;
     flash-attn-report)  # the report's sweep and compute-sanitizer on flash-attn's kernels (carry .peers; REPORT_WORKERS:
       # its autotuned kernels compile per config and width, about 9 s a case on one worker)
       flash_attn timeout ${REPORT_TIMEOUT:-200} python3 -m oracle.report --op-module peers.flash_attn_triton.ops \
