@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the lent H200 (../shared/gpu.md): install what the image lacks, then run the steps
 # named on the command line, each logging under $OUT. Usage (device tool, carry .whl):
-#   bash scripts/h200.sh info landing                     # what a landing needs: the whole suite, then a short random sample
+#   bash scripts/h200.sh info bytecode landing            # what a landing needs: the whole suite, then a short random sample
+#   bash scripts/h200.sh startup                          # where the suite's start-up goes (imports, collection, bytecode)
 #   bash scripts/h200.sh info tests thorough liger-tests
 #   bash scripts/h200.sh report liger-report bench      # bench: carry liger-kernel's wheel in .whl
 #   bash scripts/h200.sh tune-rms-norm host-profile
@@ -60,6 +61,25 @@ for step in "$@"; do
       python3 scripts/worker_timeline.py summary "$OUT/pytest-h200.log"
       HYPOTHESIS_PROFILE=sample timeout ${SAMPLE_TIMEOUT:-120} python3 -m pytest -n auto -q -p no:cacheprovider \
         tests/test_ops.py -k matches_hf 2>&1 | tee "$OUT/pytest-sample-h200.log" | grep -E "FAILED|ERROR|passed|failed";;
+    bytecode)  # the image's site-packages hold no bytecode and it sets PYTHONDONTWRITEBYTECODE=1, so each of the
+      # suite's processes (16 workers, and the reports and child sessions its tests start) compiled torch's and
+      # transformers' modules from source: 5 s of a 22 s collection (`startup`). Compile them once into a cache
+      # outside the image, as pip does at install; the steps after this one read it
+      export PYTHONPYCACHEPREFIX=/tmp/pycache
+      TIMEFORMAT="bytecode compiled in %R s"
+      time (python3 -m compileall -q -j 0 $(python3 -c "import site; print(*site.getsitepackages())") /tmp/site \
+        >/dev/null 2>&1 || true);;
+    startup)  # where the suite's first seconds go: 16 collections at once (as xdist's workers start), then one
+      # alone, profiled; whether this machine writes bytecode (pytest's rewritten test modules are cached there)
+      env | grep -E "^PYTHON" || echo "no PYTHON* variables"; nproc
+      TIMEFORMAT="%R s"; echo "16 collections at once:"
+      time (for i in $(seq 16); do CI=true python3 -m pytest --collect-only -q -p no:cacheprovider >/dev/null 2>&1 & done; wait)
+      ls -d tests/__pycache__ 2>/dev/null || echo "no tests/__pycache__"
+      echo "one collection:"; time (CI=true python3 -m cProfile -o /tmp/collect.prof -m pytest --collect-only -q \
+        -p no:cacheprovider >/dev/null 2>&1)
+      python3 -c "import pstats; pstats.Stats('/tmp/collect.prof').sort_stats('cumulative').print_stats(60)" \
+        > "$OUT/collect-profile-h200.txt"; grep -E "pytest_configure|perform_collect|_rewrite_test|import_path" \
+        "$OUT/collect-profile-h200.txt" | head;;
     tests)
       CI=true timeout ${TESTS_TIMEOUT:-400} python3 -m pytest -n auto -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-h200.log" | tail -25;;
     thorough)
