@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent H200 (../shared/gpu.md): install what the image lacks, then run the steps
 # named on the command line, each logging under $OUT. Usage (device tool, carry .whl):
-#   bash scripts/h200.sh info bytecode landing            # what a landing needs: the whole suite, then a short random sample
+#   bash scripts/h200.sh info landing                     # what a landing needs: the whole suite, then a short random sample
 #   bash scripts/h200.sh startup                          # where the suite's start-up goes (imports, collection, bytecode)
 #   bash scripts/h200.sh info tests thorough liger-tests
 #   bash scripts/h200.sh report liger-report bench      # bench: carry liger-kernel's wheel in .whl
@@ -61,14 +61,6 @@ for step in "$@"; do
       python3 scripts/worker_timeline.py summary "$OUT/pytest-h200.log"
       HYPOTHESIS_PROFILE=sample timeout ${SAMPLE_TIMEOUT:-120} python3 -m pytest -n auto -q -p no:cacheprovider \
         tests/test_ops.py -k matches_hf 2>&1 | tee "$OUT/pytest-sample-h200.log" | grep -E "FAILED|ERROR|passed|failed";;
-    bytecode)  # the image's site-packages hold no bytecode and it sets PYTHONDONTWRITEBYTECODE=1, so each of the
-      # suite's processes (16 workers, and the reports and child sessions its tests start) compiled torch's and
-      # transformers' modules from source: 5 s of a 22 s collection (`startup`). Compile them once into a cache
-      # outside the image, as pip does at install; the steps after this one read it
-      export PYTHONPYCACHEPREFIX=/tmp/pycache
-      TIMEFORMAT="bytecode compiled in %R s"
-      time (python3 -m compileall -q -j 0 $(python3 -c "import site; print(*site.getsitepackages())") /tmp/site \
-        >/dev/null 2>&1 || true);;
     startup)  # where the suite's first seconds go: 16 collections at once (as xdist's workers start), then one
       # alone, profiled; whether this machine writes bytecode (pytest's rewritten test modules are cached there)
       env | grep -E "^PYTHON" || echo "no PYTHON* variables"; nproc
