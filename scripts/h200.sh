@@ -12,6 +12,7 @@
 #   bash scripts/h200.sh flash-attn-tests flash-attn-report  # carry .peers: flash-attn's sdist and einops (peers/flash_attn_triton)
 #   bash scripts/h200.sh noise-tables compile-bench    # the derived noise model's tables; the kernels inside compiled models
 #   bash scripts/h200.sh liger-peer                     # carry .peers: Liger-Kernel 0.8.5's wheel (peers/liger)
+#   bash scripts/h200.sh liger-autotune liger-peer-report liger-scale-margin  # .peers also holds 0.6.4's under .peers/old
 #   bash scripts/h200.sh unsloth-peer                   # carry .peers: unsloth and unsloth_zoo 2026.10.9 (peers/unsloth)
 # With several GPUs, `monitor` logs each GPU's utilisation and memory every 2 s until the call ends.
 set -o pipefail
@@ -104,6 +105,30 @@ for step in "$@"; do
         > "$OUT/pytest-liger-peer-h200.log" 2>&1
       echo "liger-peer exit $?"; grep -E "(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-liger-peer-h200.log" | tail -60
       grep -cE " PASSED" "$OUT/pytest-liger-peer-h200.log";;
+    liger-autotune)  # the 60 s target of an autotuned op's generic suite: Liger's DyT (18 configs keyed on the width,
+      # forward and backward), each case judging one config (oracle/autotune.py), wall time of the whole pytest run
+      TIMEFORMAT="dyt suite wall %R s"; time (CI=true liger_peer timeout ${AUTOTUNE_TIMEOUT:-120} python3 -m pytest -n auto -v \
+        -p no:cacheprovider --pyargs oracle.suite --op-module peers.liger.ops --impl peers.liger.impl:impl --ops dyt \
+        > "$OUT/pytest-liger-dyt-h200.log" 2>&1); grep -E "(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-liger-dyt-h200.log";;
+    liger-peer-report)  # Liger's op set through the report's sweep, then compute-sanitizer's memcheck (carry .peers)
+      liger_peer timeout ${REPORT_TIMEOUT:-150} python3 -m oracle.report --op-module peers.liger.ops \
+        --impl peers.liger.impl:impl --ops $LIGER_OPS --workers ${REPORT_WORKERS:-16} --json "$OUT/drift-liger-peer-h200.json" \
+        --html "$OUT/drift-liger-peer-h200.html" > "$OUT/report-liger-peer-h200.log" 2>&1
+      echo "report exit $?"; tail -30 "$OUT/report-liger-peer-h200.log"
+      liger_peer timeout ${SANITIZE_TIMEOUT:-150} python3 -m oracle.sanitize --op-module peers.liger.ops \
+        --impl peers.liger.impl:impl --ops $LIGER_OPS --tools ${SANITIZE_TOOLS:-memcheck} --jobs ${SANITIZE_JOBS:-8} \
+        --json "$OUT/sanitize-liger-peer-h200.json" > "$OUT/sanitize-liger-peer-h200.log" 2>&1
+      echo "sanitize exit $?"; tail -30 "$OUT/sanitize-liger-peer-h200.log";;
+    liger-scale-margin)  # issue 35: Liger 0.6.4 (its bf16 dW partial sums, Liger #950) against 0.8.5 over RMSNorm's bf16
+      # scale cells, judged by the derived noise model (carry .peers: both wheels, 0.6.4 under .peers/old)
+      for version in old new; do
+        wheel=$([ $version = old ] && ls .peers/old/liger_kernel-*.whl || ls .peers/liger_kernel-*.whl)
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/liger-$version $wheel 2>&1 | grep -v "already exists"
+        ORACLE_NOISE_MODEL=derived PYTHONPATH="$PWD:/tmp/liger-$version" timeout ${SCALE_TIMEOUT:-200} python3 -m oracle.report \
+          --impl liger --scale --no-checks --ops rms_norm --dtypes bfloat16 --json "$OUT/drift-liger-$version-scale-h200.json" \
+          --html /tmp/liger-$version.html > "$OUT/report-liger-$version-scale-h200.log" 2>&1
+        echo "$wheel: exit $?"; tail -4 "$OUT/report-liger-$version-scale-h200.log"
+      done;;
     unsloth-peer)  # Unsloth's LoRA Functions and fast cross-entropy (peers/unsloth; carry its two wheels in .peers)
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/unsloth .peers/unsloth*.whl 2>&1 \
         | grep -v "already exists" || true

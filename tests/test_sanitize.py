@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from oracle.engine import run_case
 from oracle.impls import load
 from oracle.memory import BROADCAST_ROWS, CONTIGUOUS, Layout
 from oracle.ops import SPECS
@@ -313,6 +314,24 @@ def test_the_target_runs_every_case_of_the_quick_grid(capsys):
     cases = target.cases_of(SPECS["swiglu"])
     assert out == [f"case: {case.label}" for case in cases] + [f"cases: {len(cases)}"]
     assert all(case.dtype != "float64" for case in cases)
+
+
+def test_the_target_runs_an_autotuned_kernel_one_config_a_case_as_the_verdict_does(capsys):
+    """Never a benchmark under the sanitizer: each case runs the config its verdict and repro run
+    (oracle/autotune.py), so the quick grid's cases cover both configs; the log names them and the
+    parser keeps them out of the target's own lines."""
+    op = "swiglu_fg_kernel"
+    impl = "tests.autotuned_impls:right"
+    assert target.main(["--impl", impl, "--op", op, "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    cases = target.cases_of(SPECS[op])
+    ran = {lines[i][len("case: "):]: lines[i + 1][len(F.AUTOTUNED_MARK):] for i in range(0, 2 * len(cases), 2)}
+    assert list(ran) == [case.label for case in cases] and lines[-1] == f"cases: {len(cases)}"
+    assert len(set(ran.values())) == 2, ran  # both configs judged
+    for case in cases[:2]:
+        assert [ran[case.label]] == run_case(op, case, load(impl), "cpu").configs
+    assert F.parse(out).target_lines == []
 
 
 def test_a_bad_op_module_exits_2_naming_it(capsys, monkeypatch):

@@ -33,6 +33,7 @@ _RACECHECK_SUMMARY = re.compile(r"RACECHECK SUMMARY: [\d,]+ hazards? displayed \
 _HAZARD_COUNT = re.compile(r"\s*\[[\d,]+ hazards?\]$")
 _CASES_RUN = re.compile(r"cases: (\d+)$")
 CASE_MARK = "case: "
+AUTOTUNED_MARK = "autotuned: "  # the configs a case ran (in the run's log; the case's repro runs the same)
 # Details kept as an example of a finding: not the host backtrace, which is the same for every record.
 _BACKTRACE = ("Host Frame:", "Device Frame:", "Saved host backtrace")
 _ACCESS = re.compile(r"(Invalid|Misaligned|Uninitialized|Out-of-range) ")
@@ -129,7 +130,7 @@ def _target_line(out: Output, line: str) -> None:
         out.last_case = line[len(CASE_MARK):]
     elif match := _CASES_RUN.fullmatch(line):
         out.cases_run = int(match.group(1))
-    elif line:
+    elif line and not line.startswith(AUTOTUNED_MARK):
         out.target_lines.append(line)
 
 

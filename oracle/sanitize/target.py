@@ -9,7 +9,11 @@ bands would absorb an overrun, and its HF references would put torch's own kerne
 sanitizer too.
 
 Prints ``case: LABEL`` before each case, so that a record can be traced to the case that made it,
-and ``cases: N`` once every case ran.
+``autotuned: KERNEL: CONFIG; ...`` after a case that launched autotuned kernels, and ``cases: N``
+once every case ran. An autotuned kernel runs one config per case, the one the engine's verdict and
+the repro of that case run (oracle/autotune.py, Note [One config per case]): so the cases cover every
+config, and nothing is benchmarked under the sanitizer, where every config of every new width would
+be timed many times over.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 
 import torch
 
+from .. import autotune
 from ..cases import Case
 from ..engine import gradient_layout
 from ..impls import load
@@ -26,6 +31,7 @@ from ..memory import CONTIGUOUS, Layout, copy_into
 from ..ops import SPECS
 from ..registry import load_declared
 from ..specs import OpSpec, upstream_gradient
+from .findings import AUTOTUNED_MARK
 
 
 def exact_storage(shape, dtype: torch.dtype, device, layout: Layout) -> torch.Tensor:
@@ -106,11 +112,16 @@ def main(argv=None) -> int:
         return 2
     spec, device = SPECS[args.op], torch.device(args.device)
     cases = cases_of(spec)
+    autotune.install()
     for case in cases:
         print(f"case: {case.label}", flush=True)
-        run_case(spec, fn, case, device)
+        with autotune.pinned(autotune.case_number(case)):
+            run_case(spec, fn, case, device)
+            configs = autotune.chosen()
         if device.type == "cuda":
             torch.cuda.synchronize()  # the case's kernels finish, and are reported, before the next case mark
+        if configs:
+            print(f"{AUTOTUNED_MARK}{'; '.join(configs)}", flush=True)
     print(f"cases: {len(cases)}", flush=True)
     return 0
 
