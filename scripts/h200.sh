@@ -146,6 +146,11 @@ for step in "$@"; do
       flash_attn timeout ${SANITIZE_TIMEOUT:-200} python3 -m oracle.sanitize --op-module peers.flash_attn_triton.ops \
         --impl peers.flash_attn_triton.impl:impl --ops $FLASH_ATTN_OPS --json "$OUT/sanitize-flash-attn-h200.json" 2>&1 \
         | tee "$OUT/sanitize-flash-attn-h200.log" | tail -25;;
+    flash-attn-sanitize)  # compute-sanitizer alone on flash-attn's kernels (carry .peers): FA_SANITIZE_OPS, SANITIZE_TOOLS
+      flash_attn timeout ${SANITIZE_TIMEOUT:-200} python3 -m oracle.sanitize --op-module peers.flash_attn_triton.ops \
+        --impl peers.flash_attn_triton.impl:impl --ops ${FA_SANITIZE_OPS:-$FLASH_ATTN_OPS} --tools ${SANITIZE_TOOLS:-memcheck} \
+        --jobs ${SANITIZE_JOBS:-4} --json "$OUT/sanitize-flash-attn-h200.json" > "$OUT/sanitize-flash-attn-h200.log" 2>&1
+      echo "sanitize exit $?"; tail -25 "$OUT/sanitize-flash-attn-h200.log";;
     compile-bench)  # a Llama layer and small Llama and Gemma 3 models trained under torch.compile, with and without the kernels
       timeout ${COMPILE_TIMEOUT:-240} python3 scripts/compile_bench.py ${COMPILE_ONLY:+--only "$COMPILE_ONLY"} \
         --json "$OUT/compile-bench-h200${COMPILE_ONLY:+-$COMPILE_ONLY}.json" 2>&1 \
