@@ -17,6 +17,7 @@ from oracle.cases import CPU_BUDGET
 from oracle.engine import run_case
 from oracle.impls import Implementation
 from peers.flash_attn_triton import ops
+from peers.liger.ops import sparsemax
 from tests.conftest import ROOT
 
 # The declarations' specs, not registered: this session's registry stays the harness's own.
@@ -87,3 +88,25 @@ def test_flash_attn_rotary_passes_its_stratified_cases():
         for case in SPECS[op].stratified("bfloat16", CPU_BUDGET)[:3]:
             result = run_case(SPECS[op], case, flash_attn, CPU)
             assert result.passed, result.explain()
+
+
+def _sparsemax_jacobian_product(X: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Sparsemax's Jacobian (Martins & Astudillo 2016) applied to g, row by row: on the support
+    S = {j: y_j > 0}, g minus its mean over S; 0 off it."""
+    support = (sparsemax(X) > 0).to(X.dtype)
+    mean = (g * support).sum(-1, keepdim=True) / support.sum(-1, keepdim=True)
+    return support * (g - mean)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_liger_sparsemax_reference_has_sparsemaxs_jacobian_at_a_tie(tie):
+    """An entry exactly at tau (y = 0; on a 16-bit grid it happens: bf16 2.375 = tau in a Liger case)
+    is off the support. torch.clamp(min=0) passed the gradient there while tau kept it over the other
+    entries, a derivative of neither side, which failed Liger's (correct) dX at that element."""
+    # support {3, 2.5}: tau = (3 + 2.5 - 1) / 2 = 2.25, so a third entry of 2.25 sits exactly at tau
+    X = torch.tensor([[3.0, 2.5, 2.25 if tie else 2.0, 1.5, 0.0]], dtype=torch.float64, requires_grad=True)
+    y = sparsemax(X)
+    assert y.tolist() == [[0.75, 0.25, 0.0, 0.0, 0.0]]
+    g = torch.tensor([[0.3, -1.2, 0.7, 2.0, -0.4]], dtype=torch.float64)
+    (dX,) = torch.autograd.grad(y, X, g)
+    torch.testing.assert_close(dX, _sparsemax_jacobian_product(X.detach(), g), rtol=0, atol=1e-15)

@@ -141,7 +141,11 @@ def sparsemax(X):
     # 16-bit 1 + z_1 rounded back to z_1 would deny)
     support = (1 + k * z > running).sum(-1, keepdim=True).clamp(min=1)
     tau = (running.gather(-1, support - 1) - 1) / support.to(X.dtype)
-    return torch.clamp(X - tau, min=0)
+    # relu, not clamp(min=0): where an entry ties tau exactly (common on a 16-bit grid) its y is 0
+    # and sparsemax's Jacobian leaves it out of the support (the paper's S = {j: y_j > 0}); clamp's
+    # backward passes the gradient at the tie while tau keeps its gradient over the other entries,
+    # a mix of the two one-sided derivatives that neither side has
+    return torch.relu(X - tau)
 
 
 SPARSEMAX = Op(
