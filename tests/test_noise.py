@@ -276,3 +276,22 @@ def test_a_long_reduction_in_16_bit_fails_the_per_case_verdict(dtype, monkeypatc
             passed[model, partials] = prepared.judge("dW", grads[partials]).passed
     assert passed == {("declared", torch.bfloat16): True, ("declared", torch.float32): True,
                       ("derived", torch.bfloat16): False, ("derived", torch.float32): True}
+
+
+def test_a_sums_record_follows_its_views_and_casts_and_not_an_overwrite():
+    """Note [One long sum]: a sum's output, and its views and casts, carry what its accumulation came
+    from (the record noise.derive_summed joins over parts); a value written in place, through a view
+    too, no longer holds it; a product of a sum does not carry it."""
+    with evaluating("variance"):
+        x = Shadow.of(torch.randn(6, 4, dtype=torch.float32))
+        kept = x.sum(0, keepdim=True).view(-1).to(torch.bfloat16)
+        assert kept.summed.holds(kept.value) and kept.summed.terms == 6
+        torch.testing.assert_close(kept.summed.variance(), R.accumulation_variance(
+            x.value.sum(0), x.value.square().sum(0), 6, torch.bfloat16), rtol=0, atol=0)
+        written = x.sum(0)
+        view = written.view(2, 2)
+        written[:2].copy_(torch.ones(2))
+        assert not written.summed.holds(written.value) and not view.summed.holds(view.value)
+        assert (x.sum(0) * 2).summed is None
+        product = torch.mm(x.t(), x)
+        assert product.summed.holds(product.value) and product.summed.terms == 6
