@@ -283,6 +283,8 @@ def test_a_sums_record_follows_its_views_and_casts_and_not_an_overwrite():
     from (the record noise.derive_summed joins over parts); a value written in place, through a view
     too, no longer holds it; a product of a sum does not carry it."""
     with evaluating("variance"):
+        assert Shadow.of(torch.randn(6, 4)).sum(0).summed is None  # kept only where asked
+    with evaluating("variance", records=True):
         x = Shadow.of(torch.randn(6, 4, dtype=torch.float32))
         kept = x.sum(0, keepdim=True).view(-1).to(torch.bfloat16)
         assert kept.summed.holds(kept.value) and kept.summed.terms == 6
@@ -295,3 +297,7 @@ def test_a_sums_record_follows_its_views_and_casts_and_not_an_overwrite():
         assert (x.sum(0) * 2).summed is None
         product = torch.mm(x.t(), x)
         assert product.summed.holds(product.value) and product.summed.terms == 6
+        # attention's output: a batched product, transposed, then reshaped (a copy, then a view)
+        q = Shadow.of(torch.randn(2, 4, 8, 3))
+        heads = torch.matmul(torch.matmul(q, q.transpose(-1, -2)), q).transpose(1, 2).reshape(2, 8, -1)
+        assert heads.summed.holds(heads.value) and heads.summed.terms == 8

@@ -73,11 +73,11 @@ class DerivedModel:
 
 
 def shadow_run(spec, fn: Callable, args: dict, upstream: dict, mode: str, compute: torch.dtype | None = None,
-               seed: int = 0) -> tuple[dict[str, Shadow], dict]:
+               seed: int = 0, records: bool = False) -> tuple[dict[str, Shadow], dict]:
     """``fn`` (with the contract's signature) on shadows of the arguments, forward and backward for
     the upstream gradients: every compared tensor as a Shadow, and the ops modelled generically."""
     fn = _with_compute(fn, compute)
-    with evaluating(mode, seed) as state, torch.enable_grad():
+    with evaluating(mode, seed, records) as state, torch.enable_grad():
         shadows = {name: Shadow.of(value, requires_grad=name in spec.differentiable)
                    for name, value in args.items() if isinstance(value, torch.Tensor) and value.is_floating_point()}
         outputs = dict(zip(spec.outputs, spec.call(fn, {**args, **shadows})))
@@ -93,9 +93,11 @@ def shadow_run(spec, fn: Callable, args: dict, upstream: dict, mode: str, comput
     return tensors, dict(state.generic)
 
 
-def derive(spec, args: dict, upstream: dict, compute: torch.dtype | None = None) -> DerivedModel:
-    """Note [The derived noise model] for one case's arguments and upstream gradients."""
-    tensors, generic = shadow_run(spec, spec.reference, args, upstream, "variance", compute)
+def derive(spec, args: dict, upstream: dict, compute: torch.dtype | None = None, records: bool = False) -> DerivedModel:
+    """Note [The derived noise model] for one case's arguments and upstream gradients; with
+    ``records``, ``summed`` holds what the accumulation of each tensor that is a sum's output came
+    from (Note [One long sum])."""
+    tensors, generic = shadow_run(spec, spec.reference, args, upstream, "variance", compute, records=records)
     return DerivedModel({name: t.value.detach() for name, t in tensors.items()},
                         {name: t.var - t.own for name, t in tensors.items()},
                         {name: t.order for name, t in tensors.items()}, generic,
@@ -138,7 +140,8 @@ def coherence(samples: list[torch.Tensor], truth: torch.Tensor, variance: torch.
 #     variance, mostly accumulation there, 0.53 (sd).
 #
 #     So each sum's output carries what its accumulation came from (rules.Accumulated: per element
-#     the exact sum, the sum of its terms' squares and their count), through views and casts. Where
+#     the exact sum, the sum of its terms' squares and their count), through views and casts, in the
+#     parts' derivations only (``records``: elsewhere nothing is kept beyond the variances). Where
 #     the tensor is such an output in every part, the parts' own accumulations are taken out and that
 #     of one sum over every part's terms (sums, squares and counts added) put in: the whole case's,
 #     to rounding. This takes the tensor's last sum to be the one over the programs, as a summed
@@ -156,7 +159,7 @@ def derive_summed(spec, name: str, parts, compute: torch.dtype | None = None) ->
     own = 0.0  # the parts' own accumulations, taken out of variance and order
     count, generic, joinable = 0, {}, True
     for args, upstream in parts:
-        part = derive(spec, args, upstream, compute)
+        part = derive(spec, args, upstream, compute, records=True)
         t, v, o, f = part.truth[name], part.variance[name], part.order_variance[name], part.fast_variance[name]
         record = part.summed.get(name)
         if record is not None:

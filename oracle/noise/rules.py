@@ -147,6 +147,12 @@ class Accumulated:
 
     def __init__(self, total: torch.Tensor, squares: torch.Tensor, terms: float, dtype: torch.dtype,
                  scale: float | None = None, writes: tuple | None = None):
+        if squares.stride() != total.stride():  # laid out as total, so that a view of one is a view of the other
+            try:
+                squares = torch.empty_strided(total.shape, total.stride(), dtype=squares.dtype,
+                                              device=squares.device).copy_(squares)
+            except RuntimeError:  # total overlaps itself: left as it is (a view may then drop the record)
+                pass
         self.total, self.squares, self.terms, self.dtype, self.scale = total, squares, terms, dtype, scale
         self.writes = writes  # (the evaluation's log of in-place writes, total's storage, its count then)
 
@@ -187,14 +193,19 @@ def propagate(call, outs: list, dtypes: list, floating: list, state) -> list[dic
     summed = [None] * len(outs)
     if exact is not None and exact.applies(call):
         propagated = exact(call, outs, dtypes)
-        summed = propagated.pop("summed", summed)
-        for record in summed:
-            if record is not None:
-                record.watch(state.writes)
+        records = propagated.pop("summed", summed)
+        if getattr(state, "records", False):  # kept only where asked (noise.derive_summed)
+            summed = records
+            for record in summed:
+                if record is not None:
+                    record.watch(state.writes)
     else:
         propagated = finite_difference(call, outs, floating)
         if func not in MOVES_DATA and func not in CASTS and torch.Tag.pointwise not in getattr(func, "tags", ()):
             state.generic[str(func)] += 1
+    # a cast or copy of a sum's output keeps its record (its variance passes unchanged)
+    copied = _mapped_sum(call, len(outs)) if (func in CASTS or func is aten.clone.default) and not call.written \
+        else [None] * len(outs)
     result = []
     for j, (o, d, is_float) in enumerate(zip(outs, dtypes, floating)):
         if not is_float:
@@ -203,16 +214,8 @@ def propagate(call, outs: list, dtypes: list, floating: list, state) -> list[dic
         own, fast = _own_rounding(call, o, d)
         result.append({"var": propagated["var"][j] + own, "order": propagated["order"][j],
                        "fast": propagated["fast"][j] + fast, "own": own,
-                       "summed": summed[j] if summed[j] is not None else _cast_of_a_sum(call)})
+                       "summed": summed[j] if summed[j] is not None else copied[j]})
     return result
-
-
-def _cast_of_a_sum(call) -> Accumulated | None:
-    """A cast or copy of a sum's output keeps its record (its variance passes unchanged)."""
-    if call.func not in CASTS and call.func is not aten.clone.default:
-        return None
-    records = [vars(call.leaves[i]).get("summed") for i in call.shadows]
-    return records[0] if len(records) == 1 else None
 
 
 def _views(call, outs, floating) -> list[dict | None]:
@@ -220,13 +223,14 @@ def _views(call, outs, floating) -> list[dict | None]:
     for kind in (*KINDS, "own"):
         args, kwargs = _as(call, kind)
         per_kind[kind] = tree_flatten(call.func(*args, **kwargs))[0]
-    summed = _viewed_sum(call, len(outs))
+    summed = _mapped_sum(call, len(outs))
     return [{**{k: per_kind[k][j] for k in per_kind}, "summed": summed[j]} if is_float else None
             for j, is_float in enumerate(floating)]
 
 
-def _viewed_sum(call, count: int) -> list:
-    """A view of a sum's output (a single shadow input carrying a record): the same view of its record."""
+def _mapped_sum(call, count: int) -> list:
+    """A view, cast or copy of a sum's output (a single shadow input carrying a record): the same op
+    on its record's tensors (in float64, as the exact values are)."""
     records = [(i, vars(call.leaves[i]).get("summed")) for i in call.shadows]
     if len(records) != 1 or records[0][1] is None:
         return [None] * count
@@ -238,7 +242,10 @@ def _viewed_sum(call, count: int) -> list:
         args, kwargs = tree_unflatten(leaves, call.spec)
         return tree_flatten(call.func(*args, **kwargs))[0]
 
-    totals, squares = view(record.total), view(record.squares)
+    try:
+        totals, squares = view(record.total), view(record.squares)
+    except RuntimeError:  # a view torch cannot take of the record (e.g. a sum's output that overlaps itself)
+        return [None] * count
     return [Accumulated(t, q, record.terms, record.dtype, record.scale, record.writes)
             if isinstance(t, torch.Tensor) else None for t, q in zip(totals, squares)][:count]
 

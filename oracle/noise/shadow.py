@@ -54,6 +54,7 @@ class Evaluation:
     mode: str = "variance"
     generator: torch.Generator | None = None  # sample mode's randomness
     generic: Counter = field(default_factory=Counter)  # ops modelled by the generic rule (rules.py)
+    records: bool = False  # whether sums' outputs carry rules.Accumulated (Note [One long sum])
     writes: Counter = field(default_factory=Counter)  # in-place writes per storage (rules.Accumulated.holds)
 
 
@@ -61,11 +62,12 @@ _ACTIVE: list[Evaluation] = []
 
 
 @contextlib.contextmanager
-def evaluating(mode: str = "variance", seed: int = 0):
-    """Shadows created and used inside evaluate in ``mode`` (Note [Shadow evaluation])."""
+def evaluating(mode: str = "variance", seed: int = 0, records: bool = False):
+    """Shadows created and used inside evaluate in ``mode`` (Note [Shadow evaluation]); with
+    ``records``, a sum's output carries what its accumulation came from (Note [One long sum])."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    state = Evaluation(mode, torch.Generator().manual_seed(seed) if mode == "sample" else None)
+    state = Evaluation(mode, torch.Generator().manual_seed(seed) if mode == "sample" else None, records=records)
     _ACTIVE.append(state)
     try:
         yield state
