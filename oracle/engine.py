@@ -220,7 +220,7 @@ class Prepared:
     order_noise: dict[str, torch.Tensor]  # the part of it another summation order moves
     compared_part: Callable[[str, torch.Tensor], torch.Tensor] = _whole  # (name, implementation's tensor) -> judged part
     scope: str = ""  # what was judged, where not the whole case
-    noise_model: str = "declared"  # which model judged it: the spec's own, or derived (noise_rule)
+    noise_model: str = "derived"  # which model judged it: derived, or the spec's own (noise_rule)
     maths: str = "fast"  # the maths granted (Note [Fast maths]); fast: element_noise includes its room
     exact_noise: dict | None = None  # with fast maths: the noise without that room
     typical_room: dict | None = None  # with fast maths: its typical size, for the distribution judgement
@@ -256,10 +256,10 @@ NOISE_MODELS = ("declared", "derived")
 
 
 def noise_rule() -> str:
-    """Which noise model judges (ORACLE_NOISE_MODEL): ``declared``, each spec's hand-written one
-    where it has one and the derived one otherwise (the default); or ``derived`` everywhere, the
-    hand-written models switched off (oracle/noise, Note [The derived noise model])."""
-    rule = os.environ.get("ORACLE_NOISE_MODEL", "declared")
+    """Which noise model judges (ORACLE_NOISE_MODEL): ``derived`` everywhere (the default), the
+    hand-written models switched off (oracle/noise, Note [The derived noise model]); or ``declared``,
+    each spec's hand-written one where it has one and the derived one otherwise."""
+    rule = os.environ.get("ORACLE_NOISE_MODEL", "derived")
     if rule not in NOISE_MODELS:
         raise ValueError(f"ORACLE_NOISE_MODEL must be one of {', '.join(NOISE_MODELS)}, got {rule!r}")
     return rule

@@ -87,8 +87,8 @@ def pytest_addoption(parser):
     group.addoption("--op-module", action="append", default=[], metavar="MODULE",
                     help="a module of op declarations (oracle.declare.Op) to test like the built-in ops; repeatable")
     group.addoption("--noise-model", default=None, choices=("declared", "derived"),
-                    help="declared (default): each op's hand-written noise model where it has one; derived: the "
-                         "model derived from the reference everywhere (ORACLE_NOISE_MODEL)")
+                    help="derived (default): the noise model derived from the reference, everywhere; declared: each "
+                         "op's hand-written noise model where it has one (ORACLE_NOISE_MODEL)")
     parser.addini("oracle_impl", "kernel-oracle: the implementation under test when --impl is not given", default="")
     parser.addini("oracle_op_modules", "kernel-oracle: modules of op declarations, one per line", type="linelist",
                   default=[])

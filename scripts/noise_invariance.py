@@ -126,9 +126,13 @@ def _check_every_op(commit: str) -> None:
         if shadow_state.generic != state.generic:
             raise _Mismatch(f"{call.func}: generic counts differ")
         for j, (g, w) in enumerate(zip(got, want)):
+            if g is not None and w is not None and "summed" not in w:  # a commit before the sums' records
+                g = {kind: v for kind, v in g.items() if kind != "summed"}  # (Note [One long sum]): not a variance
             if (g is None) != (w is None) or (g is not None and set(g) != set(w)):
                 raise _Mismatch(f"{call.func} output {j}: kinds differ")
             for kind in (g or {}):
+                if kind == "summed":
+                    continue  # a record (rules.Accumulated) of the sum whose accumulation its variances hold
                 if not _same(g[kind], w[kind]):
                     raise _Mismatch(f"{call.func} output {j} {kind}: differs")
         return got

@@ -244,9 +244,10 @@ EXP_SCALED = Op("exp_scaled", reference=_exp_scaled, inputs={"X": Tensor("rows",
 
 
 @pytest.mark.parametrize("maths", ["fast", "exact"])
-def test_a_gradient_summed_over_every_program_gets_the_noise_model_every_tensor_gets(maths, device):
+def test_a_gradient_summed_over_every_program_gets_the_noise_model_every_tensor_gets(maths, device, monkeypatch):
     """A case at scale judges its dW whole (engine._summed_over_every_program): its hand-written model
     gets fast maths' room there too, as every other tensor's does (engine.noise_models)."""
+    monkeypatch.setenv("ORACLE_NOISE_MODEL", "declared")  # the hand-written model is what this tests
     spec = EXP_SCALED.spec
     case = Case("exp_scaled", "default", "float32", {"rows": 64, "cols": 8}, "contiguous", "normal", {}, seed=2)
     args = spec.make_args(case, device)

@@ -124,8 +124,8 @@ SPOILT = {
     "malformed check": (lambda d: d["aliasing"][0].pop("check"), "aliasing check #0 lacks"),
     "old schema": (lambda d: d.update(schema="kernel-oracle/drift/1"), "its schema is 'kernel-oracle/drift/1'"),
     "other platform": (_other_platform, "it was made on 'cuda-Some-Other-GPU'"),
-    "other noise model": (lambda d: d["environment"].update(noise_model="derived"),
-                          "judged by the derived noise model, this run's by the declared one"),
+    "other noise model": (lambda d: d["environment"].update(noise_model="declared"),
+                          "judged by the declared noise model, this run's by the derived one"),
 }
 
 
@@ -247,10 +247,11 @@ def test_precision_lost_separates_another_order_from_partials_rounded_to_16_bits
     assert gate.precision_lost(_verdict(scalar, mean_error=0.064), scalar) is None
 
 
-def test_the_gate_still_sees_bf16_partial_sums_that_pass_the_verdict(device):
+def test_the_gate_still_sees_bf16_partial_sums_that_pass_the_verdict(device, monkeypatch):
     """Liger-Kernel #950's kind (tests/broken_impls.py): dW's partial sums added in bfloat16 past a
-    row count. RMSNorm's hand-written noise model lets it through the verdict; the gate, against the
-    kernels' own cell, regresses it (precision lost), and the kernels against themselves do not."""
+    row count. The derived noise model (the default) fails it on the case alone. RMSNorm's
+    hand-written noise model (``declared``) lets it through the verdict; the gate, against the
+    kernels' own cell, still regresses it (precision lost), and the kernels against themselves do not."""
     from types import SimpleNamespace
 
     from oracle.cases import Case
@@ -265,12 +266,15 @@ def test_the_gate_still_sees_bf16_partial_sums_that_pass_the_verdict(device):
     case = Case("rms_norm", "llama", "bfloat16", {"lead": [1024], "cols": 256}, "contiguous", "normal",
                 {"eps": 1e-6, "weight": "same"}, seed=3)
 
-    def dW(impl) -> dict:
+    def dW(impl, passes: bool = True) -> dict:
         result = run_case("rms_norm", case, impl, device)
         verdict = next(v for v in result.verdicts if v.name == "dW")
-        assert verdict.passed, result.explain()
+        assert verdict.passed == passes, result.explain()
         return {"status": "pass", "metrics": verdict.to_dict()}
 
+    monkeypatch.delenv("ORACLE_NOISE_MODEL", raising=False)  # the default: derived
+    dW(broken, passes=False)
+    monkeypatch.setenv("ORACLE_NOISE_MODEL", "declared")  # the hand-written model: the gate's premise
     kernels, bf16 = dW(load("kernels")), dW(broken)
     assert gate._cell_regressions(kernels, kernels) == []
     regressions = gate._cell_regressions(bf16, kernels)

@@ -44,6 +44,7 @@ class DerivedModel:
     order_variance: dict[str, torch.Tensor]  # the part of it from sums' accumulation
     generic: dict[str, int]
     fast_variance: dict[str, torch.Tensor] = None  # what fast GPU maths adds (rounding.py, Note [Fast maths])
+    summed: dict = None  # per tensor that is a sum's output (or its view or cast): rules.Accumulated
 
     @property
     def noise(self) -> dict[str, torch.Tensor]:
@@ -72,11 +73,11 @@ class DerivedModel:
 
 
 def shadow_run(spec, fn: Callable, args: dict, upstream: dict, mode: str, compute: torch.dtype | None = None,
-               seed: int = 0) -> tuple[dict[str, Shadow], dict]:
+               seed: int = 0, records: bool = False) -> tuple[dict[str, Shadow], dict]:
     """``fn`` (with the contract's signature) on shadows of the arguments, forward and backward for
     the upstream gradients: every compared tensor as a Shadow, and the ops modelled generically."""
     fn = _with_compute(fn, compute)
-    with evaluating(mode, seed) as state, torch.enable_grad():
+    with evaluating(mode, seed, records) as state, torch.enable_grad():
         shadows = {name: Shadow.of(value, requires_grad=name in spec.differentiable)
                    for name, value in args.items() if isinstance(value, torch.Tensor) and value.is_floating_point()}
         outputs = dict(zip(spec.outputs, spec.call(fn, {**args, **shadows})))
@@ -92,13 +93,17 @@ def shadow_run(spec, fn: Callable, args: dict, upstream: dict, mode: str, comput
     return tensors, dict(state.generic)
 
 
-def derive(spec, args: dict, upstream: dict, compute: torch.dtype | None = None) -> DerivedModel:
-    """Note [The derived noise model] for one case's arguments and upstream gradients."""
-    tensors, generic = shadow_run(spec, spec.reference, args, upstream, "variance", compute)
+def derive(spec, args: dict, upstream: dict, compute: torch.dtype | None = None, records: bool = False) -> DerivedModel:
+    """Note [The derived noise model] for one case's arguments and upstream gradients; with
+    ``records``, ``summed`` holds what the accumulation of each tensor that is a sum's output came
+    from (Note [One long sum])."""
+    tensors, generic = shadow_run(spec, spec.reference, args, upstream, "variance", compute, records=records)
     return DerivedModel({name: t.value.detach() for name, t in tensors.items()},
                         {name: t.var - t.own for name, t in tensors.items()},
                         {name: t.order for name, t in tensors.items()}, generic,
-                        {name: t.fast for name, t in tensors.items()})
+                        {name: t.fast for name, t in tensors.items()},
+                        {name: t.summed for name, t in tensors.items()
+                         if t.summed is not None and t.summed.holds(t.value)})
 
 
 def coherence(samples: list[torch.Tensor], truth: torch.Tensor, variance: torch.Tensor) -> float:
@@ -122,21 +127,58 @@ def coherence(samples: list[torch.Tensor], truth: torch.Tensor, variance: torch.
     return max(1.0, (measured / propagated) ** 0.5) if propagated > 0 else 1.0
 
 
+# Note [One long sum]
+#     A gradient summed over every program of a case at scale (RMSNorm's dW over 131072 rows) is
+#     derived part by part (chunks of programs, in bounded memory), and must get the model the whole
+#     case's derivation would give it: one sum over all its terms, whose accumulation (rounding.py,
+#     Note [Accumulation]) is that of n terms in a random order. The parts' own models hold the
+#     accumulation of a sum over their own terms; adding those up, then one accumulation over the
+#     parts' sums, models a two-level sum, whose accumulation is smaller (for terms of mixed signs its
+#     variance is about 1/chunks + 1/terms per chunk of one long sum's). Before this note dW's order
+#     noise at scale was 0.28 to 0.74 of the whole case's (median 0.49); on tests/test_scale.py's
+#     cases of 10 chunks, 0.49 (bf16) and 0.45 (fp32) at the median element, and fp32's whole
+#     variance, mostly accumulation there, 0.53 (sd).
+#
+#     So each sum's output carries what its accumulation came from (rules.Accumulated: per element
+#     the exact sum, the sum of its terms' squares and their count), through views and casts, in the
+#     parts' derivations only (``records``: elsewhere nothing is kept beyond the variances). Where
+#     the tensor is such an output in every part, the parts' own accumulations are taken out and that
+#     of one sum over every part's terms (sums, squares and counts added) put in: the whole case's,
+#     to rounding. This takes the tensor's last sum to be the one over the programs, as a summed
+#     gradient's is (autograd reducing a broadcast weight). Otherwise (not a sum's output in every
+#     part: a sum then a product, an in-place write) the two-level model stands.
+#     tests/test_scale.py compares the two derivations on cases derived both ways.
+
+
 def derive_summed(spec, name: str, parts, compute: torch.dtype | None = None) -> DerivedModel:
     """The derived model of a tensor summed over independent parts of a case (RMSNorm's dW over
-    chunks of rows at scale): each part derived on its own, their variances added, and the
-    accumulation of the parts' sums (Note [Accumulation]) on top. ``parts``: (args, upstream) pairs."""
-    truth = variance = order = fast = squares = None
-    count, generic = 0, {}
+    chunks of rows at scale): each part derived on its own and their variances added, with the
+    accumulation of one sum over every part's terms (Note [One long sum]). ``parts``: (args,
+    upstream) pairs."""
+    truth = variance = order = fast = squares = whole = None
+    own = 0.0  # the parts' own accumulations, taken out of variance and order
+    count, generic, joinable = 0, {}, True
     for args, upstream in parts:
-        part = derive(spec, args, upstream, compute)
+        part = derive(spec, args, upstream, compute, records=True)
         t, v, o, f = part.truth[name], part.variance[name], part.order_variance[name], part.fast_variance[name]
+        record = part.summed.get(name)
+        if record is not None:
+            accumulated = record.variance()
+            v, o, own = v - accumulated, o - accumulated, own + accumulated
+        if record is None or not joinable:
+            joinable = False
+        else:
+            whole = record if whole is None else whole.joined(record)
+            joinable = whole is not None
         truth, variance, order, fast = (t, v, o, f) if truth is None else \
             (truth + t, variance + v, order + o, fast + f)
         squares = t * t if squares is None else squares + t * t
         count += 1
         generic = {**generic, **part.generic}
-    acc = rounding.accumulation_variance(truth, squares, count, _nominal_dtype(spec, name, args))
+    if joinable:  # one sum over every part's terms
+        acc = whole.variance()
+    else:  # not one sum's output in every part: each part's accumulation, then one over the parts' sums
+        acc = own + rounding.accumulation_variance(truth, squares, count, _nominal_dtype(spec, name, args))
     return DerivedModel({name: truth}, {name: variance + acc}, {name: order + acc}, generic, {name: fast})
 
 

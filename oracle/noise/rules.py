@@ -139,6 +139,50 @@ KINDS = ("var", "order", "fast")
 ACCUMULATING = ("var", "order")  # the kinds a sum's accumulation adds to
 
 
+class Accumulated:
+    """What a sum's accumulation variance was computed from (Note [One long sum]): per output
+    element the exact sum, the sum of its terms' squares and their count, in the accumulator of
+    ``dtype``, times ``scale`` (a product's alpha squared). Carried by the sum's output, and by its
+    views and casts, so that the same sum taken over several parts can be modelled as one."""
+
+    def __init__(self, total: torch.Tensor, squares: torch.Tensor, terms: float, dtype: torch.dtype,
+                 scale: float | None = None, writes: tuple | None = None):
+        if squares.stride() != total.stride():  # laid out as total, so that a view of one is a view of the other
+            try:
+                squares = torch.empty_strided(total.shape, total.stride(), dtype=squares.dtype,
+                                              device=squares.device).copy_(squares)
+            except RuntimeError:  # total overlaps itself: left as it is (a view may then drop the record)
+                pass
+        self.total, self.squares, self.terms, self.dtype, self.scale = total, squares, terms, dtype, scale
+        self.writes = writes  # (the evaluation's log of in-place writes, total's storage, its count then)
+
+    def watch(self, log) -> None:
+        """Note the evaluation's writes so far into the sum's value (``total`` is it, or a view of it)."""
+        storage = self.total.untyped_storage().data_ptr()
+        self.writes = (log, storage, log[storage])
+
+    def variance(self) -> torch.Tensor:
+        variance = R.accumulation_variance(self.total, self.squares, self.terms, self.dtype)
+        return variance if self.scale is None else self.scale * variance
+
+    def holds(self, value: torch.Tensor) -> bool:
+        """Whether ``value`` is still this sum's output: equal, and the sum's value not written since
+        (an in-place write through a view changes ``total`` too)."""
+        if self.writes is not None:
+            log, storage, count = self.writes
+            if log[storage] != count:
+                return False
+        return torch.equal(self.total, value)
+
+    def joined(self, other: Accumulated) -> Accumulated | None:
+        """The record of one sum over this one's terms and ``other``'s (None where the two are not
+        the same sum over other terms)."""
+        if (self.dtype, self.scale) != (other.dtype, other.scale) or self.total.shape != other.total.shape:
+            return None
+        return Accumulated(self.total + other.total, self.squares + other.squares, self.terms + other.terms,
+                           self.dtype, self.scale)
+
+
 def propagate(call, outs: list, dtypes: list, floating: list, state) -> list[dict | None]:
     """Per output leaf, its variances by kind and ``own`` (None for non-floating ones): Note
     [Propagation rules]."""
@@ -146,12 +190,22 @@ def propagate(call, outs: list, dtypes: list, floating: list, state) -> list[dic
     if is_view(func):
         return _views(call, outs, floating)
     exact = _EXACT.get(func)
+    summed = [None] * len(outs)
     if exact is not None and exact.applies(call):
         propagated = exact(call, outs, dtypes)
+        records = propagated.pop("summed", summed)
+        if getattr(state, "records", False):  # kept only where asked (noise.derive_summed)
+            summed = records
+            for record in summed:
+                if record is not None:
+                    record.watch(state.writes)
     else:
         propagated = finite_difference(call, outs, floating)
         if func not in MOVES_DATA and func not in CASTS and torch.Tag.pointwise not in getattr(func, "tags", ()):
             state.generic[str(func)] += 1
+    # a cast or copy of a sum's output keeps its record (its variance passes unchanged)
+    copied = _mapped_sum(call, len(outs)) if (func in CASTS or func is aten.clone.default) and not call.written \
+        else [None] * len(outs)
     result = []
     for j, (o, d, is_float) in enumerate(zip(outs, dtypes, floating)):
         if not is_float:
@@ -159,7 +213,8 @@ def propagate(call, outs: list, dtypes: list, floating: list, state) -> list[dic
             continue
         own, fast = _own_rounding(call, o, d)
         result.append({"var": propagated["var"][j] + own, "order": propagated["order"][j],
-                       "fast": propagated["fast"][j] + fast, "own": own})
+                       "fast": propagated["fast"][j] + fast, "own": own,
+                       "summed": summed[j] if summed[j] is not None else copied[j]})
     return result
 
 
@@ -168,7 +223,31 @@ def _views(call, outs, floating) -> list[dict | None]:
     for kind in (*KINDS, "own"):
         args, kwargs = _as(call, kind)
         per_kind[kind] = tree_flatten(call.func(*args, **kwargs))[0]
-    return [{k: per_kind[k][j] for k in per_kind} if is_float else None for j, is_float in enumerate(floating)]
+    summed = _mapped_sum(call, len(outs))
+    return [{**{k: per_kind[k][j] for k in per_kind}, "summed": summed[j]} if is_float else None
+            for j, is_float in enumerate(floating)]
+
+
+def _mapped_sum(call, count: int) -> list:
+    """A view, cast or copy of a sum's output (a single shadow input carrying a record): the same op
+    on its record's tensors (in float64, as the exact values are)."""
+    records = [(i, vars(call.leaves[i]).get("summed")) for i in call.shadows]
+    if len(records) != 1 or records[0][1] is None:
+        return [None] * count
+    index, record = records[0]
+
+    def view(tensor):
+        leaves = list(call.values)
+        leaves[index] = tensor
+        args, kwargs = tree_unflatten(leaves, call.spec)
+        return tree_flatten(call.func(*args, **kwargs))[0]
+
+    try:
+        totals, squares = view(record.total), view(record.squares)
+    except RuntimeError:  # a view torch cannot take of the record (e.g. a sum's output that overlaps itself)
+        return [None] * count
+    return [Accumulated(t, q, record.terms, record.dtype, record.scale, record.writes)
+            if isinstance(t, torch.Tensor) else None for t, q in zip(totals, squares)][:count]
 
 
 def _own_rounding(call, value: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -332,13 +411,21 @@ class _Rule:
     """A rule per kind of variance, ``fn(call, outs, dtypes, kind) -> [variance per output]``, plus
     ``accumulation(call, outs, dtypes) -> [variance]`` (the sums' own), added to var and order."""
 
-    def __init__(self, fn, accumulation, applies=lambda call: True):
-        self.fn, self.accumulation, self.applies = fn, accumulation, applies
+    def __init__(self, fn, accumulation, applies=lambda call: True, summed=None):
+        """``summed(call, outs, dtypes) -> [Accumulated]``, where given, is what ``accumulation``
+        computes from (it then need not be given)."""
+        self.fn, self.applies, self.summed = fn, applies, summed
+        self.accumulation = accumulation if summed is None else \
+            (lambda call, outs, dtypes: [record.variance() for record in summed(call, outs, dtypes)])
 
     def __call__(self, call, outs, dtypes) -> dict[str, list]:
-        acc = self.accumulation(call, outs, dtypes)
-        return {kind: [None if v is None else v + (a if kind in ACCUMULATING else 0)  # None: an output not asked for
-                       for v, a in zip(self.fn(call, outs, dtypes, kind), acc)] for kind in KINDS}
+        records = self.summed(call, outs, dtypes) if self.summed is not None else None
+        acc = self.accumulation(call, outs, dtypes) if records is None else [r.variance() for r in records]
+        result = {kind: [None if v is None else v + (a if kind in ACCUMULATING else 0)  # None: an output not asked for
+                         for v, a in zip(self.fn(call, outs, dtypes, kind), acc)] for kind in KINDS}
+        if records is not None:
+            result["summed"] = records
+        return result
 
 
 def _terms(x: torch.Tensor, out: torch.Tensor) -> float:
@@ -351,10 +438,10 @@ def _linear_in_self(call, outs, dtypes, kind):
     return [call.func(v, *rest, **kwargs)]
 
 
-def _sum_accumulation(call, outs, dtypes):
+def _sum_record(call, outs, dtypes):
     (x, *rest), kwargs = _as(call, "value")
     total = outs[0]
-    return [R.accumulation_variance(total, call.func(x * x, *rest, **kwargs), _terms(x, total), dtypes[0])]
+    return [Accumulated(total, call.func(x * x, *rest, **kwargs), _terms(x, total), dtypes[0])]
 
 
 def _mean_variances(call, outs, dtypes, kind):
@@ -392,14 +479,14 @@ def _bilinear(product, a_name: str, b_name: str, terms, bias: str | None = None)
         out = alpha ** 2 * (product(square[a_name], var[b_name]) + product(var[a_name], square[b_name]))
         return [out + beta ** 2 * var[bias].expand(out.shape) if bias else out]
 
-    def accumulation(call, outs, dtypes):
+    def summed(call, outs, dtypes):
         square, value = _bound(call, "square"), _bound(call, "value")
         alpha = float(value.get("alpha", 1))
         total = product(value[a_name], value[b_name])
-        return [alpha ** 2 * R.accumulation_variance(total, product(square[a_name], square[b_name]),
-                                                     terms(value[a_name]), dtypes[0])]
+        return [Accumulated(total, product(square[a_name], square[b_name]), terms(value[a_name]), dtypes[0],
+                            alpha ** 2)]
 
-    return variances, accumulation
+    return variances, None, lambda call: True, summed
 
 
 def _convolve(v: dict, x, w):
@@ -471,7 +558,7 @@ def _accumulates(call) -> bool:
     return bool(_bound(call, "value").get("accumulate", True))
 
 
-_SUM = _Rule(_linear_in_self, _sum_accumulation)
+_SUM = _Rule(_linear_in_self, None, summed=_sum_record)
 _MEAN = _Rule(_mean_variances, _mean_accumulation)
 _SCATTERED = (_scattered_variances, _scattered_accumulation)
 _EXACT = {

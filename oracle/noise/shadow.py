@@ -54,17 +54,20 @@ class Evaluation:
     mode: str = "variance"
     generator: torch.Generator | None = None  # sample mode's randomness
     generic: Counter = field(default_factory=Counter)  # ops modelled by the generic rule (rules.py)
+    records: bool = False  # whether sums' outputs carry rules.Accumulated (Note [One long sum])
+    writes: Counter = field(default_factory=Counter)  # in-place writes per storage (rules.Accumulated.holds)
 
 
 _ACTIVE: list[Evaluation] = []
 
 
 @contextlib.contextmanager
-def evaluating(mode: str = "variance", seed: int = 0):
-    """Shadows created and used inside evaluate in ``mode`` (Note [Shadow evaluation])."""
+def evaluating(mode: str = "variance", seed: int = 0, records: bool = False):
+    """Shadows created and used inside evaluate in ``mode`` (Note [Shadow evaluation]); with
+    ``records``, a sum's output carries what its accumulation came from (Note [One long sum])."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    state = Evaluation(mode, torch.Generator().manual_seed(seed) if mode == "sample" else None)
+    state = Evaluation(mode, torch.Generator().manual_seed(seed) if mode == "sample" else None, records=records)
     _ACTIVE.append(state)
     try:
         yield state
@@ -88,19 +91,21 @@ class Shadow(torch.Tensor):
     order: torch.Tensor | None
     fast: torch.Tensor | None
     own: torch.Tensor | None
+    summed: rules.Accumulated | None  # a sum's output (or a view or cast of one): what its accumulation came from
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
     def __new__(cls, value: torch.Tensor, dtype: torch.dtype, var=None, order=None, fast=None, own=None,
-                requires_grad: bool = False):
+                summed=None, requires_grad: bool = False):
         return torch.Tensor._make_wrapper_subclass(
             cls, value.shape, strides=value.stride(), storage_offset=value.storage_offset(), dtype=dtype,
             device=value.device, requires_grad=requires_grad)
 
-    def __init__(self, value, dtype, var=None, order=None, fast=None, own=None, requires_grad=False):
+    def __init__(self, value, dtype, var=None, order=None, fast=None, own=None, summed=None, requires_grad=False):
         self.value = value
         self.var, self.order, self.fast, self.own = var, order, fast, own
+        self.summed = summed
 
     @classmethod
     def of(cls, tensor: torch.Tensor, requires_grad: bool = False) -> Shadow:
@@ -328,11 +333,14 @@ def _write_back(call: Call, result, out_spec):
     argument's value and variances, so that views of it see them, and the argument is returned."""
     targets = [call.leaves[i] for i in call.written]
     results = tree_flatten(result)[0]
+    writes = active().writes
     for target, new in zip(targets, results):
         if not isinstance(target, Shadow):
             continue
         target.value.copy_(new.value)
+        writes[target.value.untyped_storage().data_ptr()] += 1
         for name in (*rules.KINDS, "own"):
             if getattr(target, name) is not None:
                 getattr(target, name).copy_(getattr(new, name))
+        target.summed = None  # written in place: no longer one sum's output (nor are its views and base)
     return targets[0] if len(targets) == 1 else tuple(targets)

@@ -54,8 +54,8 @@ def parse(argv):
     parser.add_argument("--op-module", action="append", default=[], metavar="MODULE",
                         help="a module of op declarations (oracle.declare.Op) to sweep like the built-in ops; repeatable")
     parser.add_argument("--noise-model", choices=("declared", "derived"),
-                        help="declared (default): each op's hand-written noise model where it has one; derived: the "
-                             "model derived from the reference everywhere")
+                        help="derived (default): the noise model derived from the reference, everywhere; declared: each "
+                             "op's hand-written noise model where it has one (ORACLE_NOISE_MODEL)")
     parser.add_argument("--full", action="store_true", help="the large grid (meant for a GPU)")
     parser.add_argument("--scale", action="store_true",
                         help="add the scale grid: the sizes people train at, up to 2^31 elements (needs a CUDA GPU)")

@@ -194,5 +194,5 @@ def summarize(cells: list[dict], checks: list[dict], cases: list[dict]) -> list[
 
 
 def run_noise_model(document: dict) -> str:
-    """The noise model a run's verdicts were judged by (runs that predate the record: the default)."""
+    """The noise model a run's verdicts were judged by (runs that predate the record: ``declared``, the default then)."""
     return (document.get("environment") or {}).get("noise_model") or "declared"
