@@ -110,6 +110,9 @@ for step in "$@"; do
       TIMEFORMAT="dyt suite wall %R s"; time (CI=true liger_peer timeout ${AUTOTUNE_TIMEOUT:-120} python3 -m pytest -n auto -v \
         -p no:cacheprovider --pyargs oracle.suite --op-module peers.liger.ops --impl peers.liger.impl:impl --ops dyt \
         > "$OUT/pytest-liger-dyt-h200.log" 2>&1); grep -E "(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-liger-dyt-h200.log";;
+    case-profile)  # where one op's cases spend their time (PROFILE_ARGS: scripts/case_profile.py's arguments; carry .peers for Liger's)
+      liger_peer timeout ${PROFILE_TIMEOUT:-120} python3 scripts/case_profile.py $PROFILE_ARGS 2>&1 \
+        | tee "$OUT/case-profile-h200.log" | head -${PROFILE_LINES:-60};;
     liger-peer-report)  # Liger's op set through the report's sweep, then compute-sanitizer's memcheck (carry .peers)
       liger_peer timeout ${REPORT_TIMEOUT:-150} python3 -m oracle.report --op-module peers.liger.ops \
         --impl peers.liger.impl:impl --ops $LIGER_OPS --workers ${REPORT_WORKERS:-16} --json "$OUT/drift-liger-peer-h200.json" \
@@ -125,7 +128,8 @@ for step in "$@"; do
         wheel=$([ $version = old ] && ls .peers/old/liger_kernel-*.whl || ls .peers/liger_kernel-*.whl)
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/liger-$version $wheel 2>&1 | grep -v "already exists"
         ORACLE_NOISE_MODEL=derived PYTHONPATH="$PWD:/tmp/liger-$version" timeout ${SCALE_TIMEOUT:-200} python3 -m oracle.report \
-          --impl liger --scale --no-checks --ops rms_norm --dtypes bfloat16 --json "$OUT/drift-liger-$version-scale-h200.json" \
+          --impl liger --scale --no-checks --ops rms_norm --dtypes bfloat16 --variants ${SCALE_VARIANTS:-llama gemma} \
+          --json "$OUT/drift-liger-$version-scale-h200.json" \
           --html /tmp/liger-$version.html > "$OUT/report-liger-$version-scale-h200.log" 2>&1
         echo "$wheel: exit $?"; tail -4 "$OUT/report-liger-$version-scale-h200.log"
       done;;

@@ -316,13 +316,13 @@ def test_the_target_runs_every_case_of_the_quick_grid(capsys):
     assert all(case.dtype != "float64" for case in cases)
 
 
-def test_the_target_runs_an_autotuned_kernel_one_config_a_case_as_the_verdict_does(capsys):
+def test_the_target_runs_an_autotuned_kernel_one_config_a_case_as_the_verdict_does(capsys, device):
     """Never a benchmark under the sanitizer: each case runs the config its verdict and repro run
     (oracle/autotune.py), so the quick grid's cases cover both configs; the log names them and the
     parser keeps them out of the target's own lines."""
     op = "swiglu_fg_kernel"
     impl = "tests.autotuned_impls:right"
-    assert target.main(["--impl", impl, "--op", op, "--device", "cpu"]) == 0
+    assert target.main(["--impl", impl, "--op", op, "--device", str(device)]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     cases = target.cases_of(SPECS[op])
@@ -330,7 +330,7 @@ def test_the_target_runs_an_autotuned_kernel_one_config_a_case_as_the_verdict_do
     assert list(ran) == [case.label for case in cases] and lines[-1] == f"cases: {len(cases)}"
     assert len(set(ran.values())) == 2, ran  # both configs judged
     for case in cases[:2]:
-        assert [ran[case.label]] == run_case(op, case, load(impl), "cpu").configs
+        assert [ran[case.label]] == run_case(op, case, load(impl), device).configs
     assert F.parse(out).target_lines == []
 
 
