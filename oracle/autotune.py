@@ -29,9 +29,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import sys
-import threading
+import types
 
-_STATE = threading.local()
+# One state for the whole process, not per thread: autograd runs a GPU backward on a thread of its
+# own, so a thread-local pin left every backward kernel autotuning on the H200 (Liger's DyT: 18
+# configs benchmarked at each new width, 7-10 s a case). A process runs one case at a time.
+_STATE = types.SimpleNamespace(case=None, log=None)
 
 
 def _case_number() -> int | None:

@@ -4,8 +4,12 @@ runs the same one (its repro too), and the failure text names the config that ju
 
 from __future__ import annotations
 
-import pytest
+import threading
 
+import pytest
+import torch
+
+from oracle import autotune
 from oracle.cases import CPU_BUDGET
 from oracle.engine import run_case
 from oracle.impls import load
@@ -49,3 +53,17 @@ def test_a_wrong_config_fails_the_cases_it_judged_and_is_named(cases, device):
     failed = [r for r in by_config[True] if not r.passed]
     assert failed, [r.explain() for r in by_config[True]]
     assert all("autotuned, judged with: " in r.explain() and "SKIP_TAIL: True" in r.explain() for r in failed)
+
+
+def test_the_pin_holds_on_autograds_backward_thread(device):
+    """Autograd runs a GPU backward on a thread of its own: a launch there runs the case's config too
+    (a per-thread pin left Liger's DyT backward benchmarking 18 configs at every width on the H200).
+    Under the interpreter an unpinned launch runs the first config, so config 1 shows the pin held."""
+    e, g = torch.randn(300, device=device), torch.randn(300, device=device)
+    launch = load("tests.autotuned_impls:right").op(OP)
+    with autotune.pinned(1):
+        thread = threading.Thread(target=launch, args=(e, g))
+        thread.start()
+        thread.join()
+        chosen = autotune.chosen()
+    assert len(chosen) == 1 and "BLOCK: 128" in chosen[0], chosen
