@@ -211,7 +211,7 @@ for step in "$@"; do
                '{"dims":{"cols":2,"lead":[1]},"dtype":"float32","layout":"contiguous","op":"rms_norm","params":{"eps":1e-06,"weight":"same"},"seed":0,"values":"normal","variant":"llama"}'; do
         python3 -m oracle.repro "$c" | head -4
       done 2>&1 | tee "$OUT/pinned-h200.log";;
-    derived-thorough)  # the thorough profile with the hand-written noise models switched off (ORACLE_NOISE_MODEL=derived)
+    derived-thorough)  # the thorough profile judged by the derived noise model (the default since aeee0e2), for each of DERIVED_IMPLS
       for impl in ${DERIVED_IMPLS:-kernels hf compile}; do
         ORACLE_NOISE_MODEL=derived HYPOTHESIS_PROFILE=thorough timeout ${THOROUGH_TIMEOUT:-240} python3 -m pytest -n auto -q \
           -p no:cacheprovider tests/test_ops.py -k "matches_hf ${THOROUGH_OPS:+and $THOROUGH_OPS}" --impl $impl 2>&1 \
