@@ -66,6 +66,29 @@ Note [The distribution judgement]
     judged by the per-element rule. Reported beside it: the share of elements more than one ULP from
     the truth, for k and for h.
 
+Note [The spread judgement]
+    A long sum whose partial sums are rounded to a 16-bit dtype (Liger-Kernel 0.6.4's RMSNorm dW,
+    its 16-row blocks summed in bfloat16: Liger #950) adds one more rounding's worth of noise to each
+    element of a gradient of a few hundred elements. Its mean error grows by about half, which the
+    distribution judgement, at four standard errors of a mean over 128 elements, barely sees. Its
+    spread grows by more, and the derived noise model predicts the spread of a valid computation
+    element by element: the variance sigma_i^2 of the sum's rounding noise, plus ulp(t_i)^2 / 12 for
+    the last rounding. So for a tensor each of whose elements is a sum's output (``spread``: the
+    model's sigma and how many terms each sum has), the mean squared error in those units is judged:
+
+        Z(k) = mean (k_i - t_i)^2 / (sigma_i^2 + ulp_i^2 / 12)
+             <=  max(Z(h), Z(r), 1)  +  4 * sd / sqrt(min(N, terms))
+
+    Z is about 1 for HF by construction (0.7 to 1.0 at RMSNorm's bf16 dW over 131072 rows, where a
+    float32 accumulation of unrounded products gives 0.5 to 0.6 and the bf16 partial sums 2.6 to
+    3.3). sd is the larger spread of z^2 for h and r, at least sqrt(2) (a normal error's). The
+    elements of a sum's output are independent draws but for what their sums share (a row's 1/rms in
+    every column of dW): at most as many draws as each sum has terms, hence min(N, terms). Below
+    SPREAD_MIN_DRAWS = 32 draws (a loss, a short sum) the spread is not judged: four standard errors
+    of so few draws allow less than the per-element judgement does, and see nothing it misses. Only
+    the derived model gives sigma, and only sums' outputs are judged so: elsewhere one shared
+    rounding (a row's 1/rms in every element of Y) makes the whole tensor one draw.
+
 The per-element and distribution judgements need a noise model; ``judge`` without ``element_noise``
 applies the max-norm judgement only (and judges the elements of Note [A reference that overflows] at
 one ULP of their truth).
@@ -114,6 +137,7 @@ from .noise.rounding import ulp_of  # noqa: F401 - the verdict's ULP, defined wi
 
 ELEMENT_BOUND = 2.0  # Note [The per-element judgement]: twice what HF's maths can do at an element
 SAMPLING_SDS = 4.0  # Note [The distribution judgement]: standard errors of a mean allowed as chance
+SPREAD_MIN_DRAWS = 32  # Note [The spread judgement]: fewer independent draws say nothing of a spread
 EXTRA_ROUNDINGS = 2  # Note [The distribution judgement]: compute-dtype roundings per element beyond HF's
 ONE_ROUNDING_SD = 1 / math.sqrt(12)  # sd of an error spread evenly over one unit of an element's scale
 
@@ -167,6 +191,11 @@ class TensorVerdict:
     mean_bound: float | None = None
     over_1ulp: float | None = None  # share of elements more than one ULP of their truth off, k
     hf_over_1ulp: float | None = None  # the same for h
+    # Note [The spread judgement]: mean squared error in units of the derived model's variance (None: not judged)
+    spread: float | None = None  # Z(k)
+    hf_spread: float | None = None  # Z(h)
+    reordered_spread: float | None = None  # Z(r)
+    spread_bound: float | None = None
     # Which maths the noise model granted (oracle/noise/rounding.py, Note [Fast maths]): "fast" (the
     # default: Triton's exp, division, sqrt) or "exact" (an implementation's EXACT_MATHS); and whether
     # this tensor passed only thanks to the fast maths' room.
@@ -221,7 +250,7 @@ def _index(flat_index: int, shape: tuple[int, ...]) -> list[int]:
 def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reordered: torch.Tensor | None = None,
           sum_noise: float = 0.0, element_noise: torch.Tensor | None = None,
           order_noise: torch.Tensor | None = None, hf_room: bool = False,
-          typical_room: torch.Tensor | None = None) -> TensorVerdict:
+          typical_room: torch.Tensor | None = None, spread: Spread | None = None) -> TensorVerdict:
     """Compare k (implementation) with h (HF, same dtype) and t (float64 truth).
 
     ``element_noise`` (float64, broadcastable to t): the rounding noise of each element's terms in
@@ -229,7 +258,8 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
     applies. ``order_noise``: the part of it that another summation order moves (Note [The
     distribution judgement]); None where nothing is summed. ``hf_room``: Note [HF's own error is room].
     ``typical_room``: per element, how much a granted approximation (fast maths) moves a typical error
-    beyond HF's; the distribution judgement allows its mean.
+    beyond HF's; the distribution judgement allows its mean. ``spread``: for a sum's output, the
+    derived model's noise of it (Note [The spread judgement]).
     """
     problems = []
     if tuple(k.shape) != tuple(h.shape):
@@ -303,6 +333,8 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
             noise = torch.maximum(noise, h_err)
         extra = _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, order_noise,
                                           h.dtype, problems, typical_room)
+        if spread is not None:
+            extra |= _spread(t, finite, k_err, h_err, r_err, spread, h.dtype, problems)
     n_reference = int(reference_nonfinite.sum())
     if n_reference:
         extra |= _against_the_truth_alone(k64, h64, t, reference_nonfinite & (k_cls == 0), element_noise,
@@ -446,6 +478,47 @@ def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, o
             f"{mean_bound:.3g}: HF's {mean_h:.3g}, its other valid order's {mean_r:.3g}; precision lost across the "
             f"tensor ({over_k:.1%} of elements more than 1 ULP off, HF {over_h:.1%})")
     return out
+
+
+@dataclass(frozen=True)
+class Spread:
+    """What Note [The spread judgement] needs of a sum's output: the derived model's standard
+    deviation of its rounding noise per element (its last rounding left out), and how many terms
+    each element sums."""
+
+    sd: torch.Tensor
+    terms: int
+
+
+def _spread(t, finite, k_err, h_err, r_err, spread: Spread, dtype, problems) -> dict:
+    """Note [The spread judgement]; appends to ``problems``."""
+    ulp = ulps_of(t, dtype)
+    variance = spread.sd.to(device=t.device, dtype=torch.float64).expand(t.shape).square() + ulp.square() / 12
+    judged = finite & torch.isfinite(variance) & (variance > 0)
+    n = int(judged.sum())
+    draws = min(n, int(spread.terms))
+    if draws < SPREAD_MIN_DRAWS:
+        return {}
+    variance = torch.where(judged, variance, 1.0)
+
+    def z2(err):
+        return torch.where(judged, err.square() / variance, 0.0)
+
+    z_k, z_h = z2(k_err), z2(h_err)
+    z_r = z2(r_err) if r_err is not None else z_h
+    mean_k, mean_h, mean_r = (float(z.sum()) / n for z in (z_k, z_h, z_r))
+
+    def sd(z, m):
+        return float(torch.where(judged, z - m, 0.0).square().sum().div(max(1, n - 1)).sqrt()) if n > 1 else 0.0
+
+    spread_sd = max(sd(z_h, mean_h), sd(z_r, mean_r), math.sqrt(2))
+    bound = max(mean_h, mean_r, 1.0) + SAMPLING_SDS * spread_sd / math.sqrt(draws)
+    if mean_k > bound:
+        problems.append(
+            f"error spread {mean_k:.3g} (mean squared error over {n} sums of {spread.terms} terms, in units of the "
+            f"variance a valid evaluation has there) exceeds {bound:.3g}: HF's {mean_h:.3g}, its other valid order's "
+            f"{mean_r:.3g}; a long sum lost precision (partial sums rounded to a narrower dtype?)")
+    return {"spread": mean_k, "hf_spread": mean_h, "reordered_spread": mean_r, "spread_bound": bound}
 
 
 def _max(x: torch.Tensor) -> float:

@@ -31,7 +31,7 @@ from . import autotune, noise
 from . import reference as R
 from . import scale
 from .cases import Case
-from .compare import ELEMENT_BOUND, TensorVerdict, describe_element, judge, summation_noise
+from .compare import ELEMENT_BOUND, Spread, TensorVerdict, describe_element, judge, summation_noise
 from .impls import Implementation
 from .memory import BROADCAST_ROWS, CONTIGUOUS, GuardedTensor, Layout, Snapshot, bits, copy_into, rehomed_allocations
 from .ops import SPECS
@@ -131,6 +131,7 @@ class CaseResult:
                 f"bit-identical={v.bit_identical:.1%} ulp(max/p99)={v.ulp_max:.0f}/{v.ulp_p99:.0f}"
                 + (f" element={v.element_max:.2g}/{v.element_bound:g} typical={v.mean_error:.2g}/{v.mean_bound:.2g}"
                    if v.element_max is not None else "")
+                + (f" spread={v.spread:.2g}/{v.spread_bound:.2g}" if v.spread is not None else "")
                 + (f" against-the-truth={v.reference_element_max:.2g}/{ELEMENT_BOUND:g} ({v.reference_nonfinite} where HF "
                    "is non-finite)" if v.reference_nonfinite and v.reference_element_max is not None else "")
                 + (" [passed in the room of fast maths: exp as Triton's tl.exp]" if v.needed_fast_maths else "")
@@ -225,6 +226,7 @@ class Prepared:
     exact_noise: dict | None = None  # with fast maths: the noise without that room
     typical_room: dict | None = None  # with fast maths: its typical size, for the distribution judgement
     generic: dict = field(default_factory=dict)  # NoiseModels.generic: ops the derived model modelled generically
+    spread: dict = field(default_factory=dict)  # compare.Spread per sum's output, where the derived model judges
 
     def judge(self, name: str, got: torch.Tensor) -> TensorVerdict:
         """The verdict on one compared tensor of an implementation (compare.judge); with fast maths,
@@ -233,7 +235,7 @@ class Prepared:
             return judge(name, self.compared_part(name, got), self.hf.tensors()[name], self.truth.tensors()[name],
                          self.reordered.tensors().get(name), self.sum_noise.get(name, 0.0), noise_of[name],
                          self.order_noise.get(name), hf_room=self.noise_model == "derived",
-                         typical_room=room.get(name) if room else None)
+                         typical_room=room.get(name) if room else None, spread=self.spread.get(name))
 
         granted = verdict(self.element_noise, self.typical_room)
         needed = self.maths == "fast" and granted.passed and self.exact_noise is not None and \
@@ -287,6 +289,16 @@ class NoiseModels:
         return self.derived.fast_typical if self.maths == "fast" and self.derived is not None else None
 
     @property
+    def spread(self) -> dict[str, Spread]:
+        """compare.py, Note [The spread judgement]: the sums' outputs among the judged tensors, with
+        the derived model's noise of each, where that model judges."""
+        if self.model != "derived":
+            return {}
+        terms = self.derived.sum_terms
+        return {name: Spread(noise_of / noise.NOISE_SDS, terms[name]) for name, noise_of in self.element.items()
+                if name in terms}
+
+    @property
     def generic(self) -> dict[str, int]:
         """The reference's ops that the derived model had no exact rule for (noise/rules.py, the
         generic rule), where that model judges."""
@@ -332,7 +344,8 @@ def _compute(case: Case) -> torch.dtype:
 
 def _references(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str = "fast") -> Prepared:
     hf = evaluate(spec, spec.reference, args, upstream)
-    models = noise_models(spec, args, upstream, lambda: noise.derive(spec, args, upstream, _compute(case)), maths)
+    models = noise_models(spec, args, upstream,
+                          lambda: noise.derive(spec, args, upstream, _compute(case), records=True), maths)
     derived = models.derived
     if spec.takes_compute:
         truth = evaluate(spec, spec.reference, {k: R.upcast(v) for k, v in args.items()},
@@ -347,7 +360,7 @@ def _references(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str
                  for name, terms in spec.summed.items()}
     return Prepared(args, upstream, hf, truth, reordered, sum_noise, models.element, models.order,
                     noise_model=models.model, maths=models.maths, exact_noise=models.exact,
-                    typical_room=models.typical_room, generic=models.generic)
+                    typical_room=models.typical_room, generic=models.generic, spread=models.spread)
 
 
 def _split(spec: OpSpec, tensors: dict[str, torch.Tensor]) -> Evaluation:
@@ -417,6 +430,8 @@ def _summed_over_every_program(spec: OpSpec, case: Case, prepared: Prepared, nam
     if prepared.typical_room is not None:
         prepared.typical_room[name] = models.typical_room[name]
     prepared.generic = _merged(prepared.generic, models.generic)
+    prepared.spread.pop(name, None)
+    prepared.spread.update(models.spread)
     if name in spec.summed:
         prepared.sum_noise[name] = summation_noise(*spec.summed[name](args, upstream), _accumulator(case))
 

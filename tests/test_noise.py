@@ -278,6 +278,59 @@ def test_a_long_reduction_in_16_bit_fails_the_per_case_verdict(dtype, monkeypatc
                       ("derived", torch.bfloat16): False, ("derived", torch.float32): True}
 
 
+class _BlockSummedDW(torch.autograd.Function):
+    """HF's RMSNorm, except that dW adds its bf16 products 16 rows at a time in ``blocks`` (a tree of
+    pairwise sums, each rounded), then the blocks in float32: Liger-Kernel 0.6.4's block backward,
+    whose ``tl.sum`` of 16 bf16 rows stays in bf16 (Liger #950)."""
+
+    @staticmethod
+    def forward(ctx, X, W, eps, gemma, blocks):
+        ctx.save_for_backward(X, W)
+        ctx.eps, ctx.gemma, ctx.blocks = eps, gemma, blocks
+        return SPECS["rms_norm"].contract_callable()(X, W, eps, gemma)
+
+    @staticmethod
+    def backward(ctx, dY):
+        X, W = ctx.saved_tensors
+        with torch.enable_grad():
+            x = X.detach().requires_grad_()
+            dX, = torch.autograd.grad(SPECS["rms_norm"].contract_callable()(x, W, ctx.eps, ctx.gemma), x, dY)
+        n = X.shape[-1]
+        rows = X.float().reshape(-1, n)
+        normed = (rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + ctx.eps)).to(X.dtype)
+        block = (dY.reshape(-1, n) * normed).reshape(-1, 16, n)  # bf16 products, as HF's autograd
+        while block.shape[1] > 1:
+            half = block.shape[1] // 2
+            block = (block[:, :half].float() + block[:, half:].float()).to(ctx.blocks)
+        return dX, block[:, 0].float().sum(0).to(W.dtype), None, None, None
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_partial_sums_rounded_to_bf16_fail_by_their_spread(seed):
+    """Note [The spread judgement] (oracle/compare.py): RMSNorm's bf16 dW over 16384 rows whose
+    16-row blocks are summed in bfloat16 fails by its spread, with seed 2 inside the distribution
+    judgement's bound (typical 0.33 against 0.37 when written); the same blocks in float32 pass."""
+    from types import SimpleNamespace
+
+    from oracle.impls import Implementation
+
+    spec = SPECS["rms_norm"]
+    case = Case("rms_norm", "llama", "bfloat16", {"lead": [16384], "cols": 128}, "contiguous", "normal",
+                {"eps": 1e-6, "weight": "same"}, seed=seed)
+    prepared = prepare(spec, case, "cpu")
+    verdicts = {}
+    for blocks in (torch.bfloat16, torch.float32):
+        impl = Implementation(f"{blocks} blocks", SimpleNamespace(
+            rms_norm=lambda X, W, eps, gemma=False, blocks=blocks: _BlockSummedDW.apply(X, W, eps, gemma, blocks)))
+        run = run_impl(spec, case, impl, prepared, "cpu")
+        verdicts[blocks] = prepared.judge("dW", run.grads["dW"])
+    rounded, kept = verdicts[torch.bfloat16], verdicts[torch.float32]
+    assert kept.passed, kept.reason
+    assert not rounded.passed and "error spread" in rounded.reason, rounded.reason
+    assert rounded.spread > 1.5 * rounded.spread_bound  # well past the line, not at it
+    assert rounded.spread > 2 * max(rounded.hf_spread, rounded.reordered_spread)
+
+
 def test_a_sums_record_follows_its_views_and_casts_and_not_an_overwrite():
     """Note [One long sum]: a sum's output, and its views and casts, carry what its accumulation came
     from (the record noise.derive_summed joins over parts); a value written in place, through a view

@@ -68,6 +68,12 @@ class DerivedModel:
         return {name: NOISE_SDS * v.clamp(min=0).sqrt() for name, v in self.fast_variance.items()}
 
     @property
+    def sum_terms(self) -> dict[str, int]:
+        """Per tensor that is a sum's output (derived with ``records``): how many terms each element
+        sums (compare.py, Note [The spread judgement])."""
+        return {name: int(record.terms) for name, record in (self.summed or {}).items()}
+
+    @property
     def order(self) -> dict[str, torch.Tensor]:
         return {name: v.clamp(min=0).sqrt() for name, v in self.order_variance.items()}
 
@@ -179,7 +185,8 @@ def derive_summed(spec, name: str, parts, compute: torch.dtype | None = None) ->
         acc = whole.variance()
     else:  # not one sum's output in every part: each part's accumulation, then one over the parts' sums
         acc = own + rounding.accumulation_variance(truth, squares, count, _nominal_dtype(spec, name, args))
-    return DerivedModel({name: truth}, {name: variance + acc}, {name: order + acc}, generic, {name: fast})
+    return DerivedModel({name: truth}, {name: variance + acc}, {name: order + acc}, generic, {name: fast},
+                        {name: whole} if joinable else {})
 
 
 def _nominal_dtype(spec, name: str, args: dict) -> torch.dtype:
