@@ -449,9 +449,6 @@ def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, o
     def mean(e):
         return float(e.sum() / n) if n else 0.0
 
-    def sd(e, m):
-        return float(torch.where(finite, e - m, 0.0).pow(2).sum().div(max(1, n - 1)).sqrt()) if n > 1 else 0.0
-
     ulp = ulps_of(t, dtype)
     e_r = r_err / scale if r_err is not None else e_h
     mean_k, mean_h, mean_r = mean(e_k), mean(e_h), mean(e_r)
@@ -466,7 +463,7 @@ def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, o
     # The sampling noise of a mean over n elements. An implementation as accurate as HF may land
     # anywhere within an element's scale; spread evenly, that is an sd of 1/sqrt(12) in these units,
     # the floor where HF's own errors happen to agree (one element, or HF exact by luck).
-    spread = max(sd(e_h, mean_h), sd(e_r, mean_r), ONE_ROUNDING_SD)
+    spread = max(_sample_sd(e_h, mean_h, finite, n), _sample_sd(e_r, mean_r, finite, n), ONE_ROUNDING_SD)
     mean_bound = max(mean_h, mean_r) + abs(mean_h - mean_r) + extra + SAMPLING_SDS * spread / math.sqrt(max(1, n))
     over_k = float(((k_err > ulp) & finite).sum()) / max(1, n)
     over_h = float(((h_err > ulp) & finite).sum()) / max(1, n)
@@ -508,10 +505,7 @@ def _spread(t, finite, k_err, h_err, r_err, spread: Spread, dtype, problems) -> 
     z_r = z2(r_err) if r_err is not None else z_h
     mean_k, mean_h, mean_r = (float(z.sum()) / n for z in (z_k, z_h, z_r))
 
-    def sd(z, m):
-        return float(torch.where(judged, z - m, 0.0).square().sum().div(max(1, n - 1)).sqrt()) if n > 1 else 0.0
-
-    spread_sd = max(sd(z_h, mean_h), sd(z_r, mean_r), math.sqrt(2))
+    spread_sd = max(_sample_sd(z_h, mean_h, judged, n), _sample_sd(z_r, mean_r, judged, n), math.sqrt(2))
     bound = max(mean_h, mean_r, 1.0) + SAMPLING_SDS * spread_sd / math.sqrt(draws)
     if mean_k > bound:
         problems.append(
@@ -519,6 +513,11 @@ def _spread(t, finite, k_err, h_err, r_err, spread: Spread, dtype, problems) -> 
             f"variance a valid evaluation has there) exceeds {bound:.3g}: HF's {mean_h:.3g}, its other valid order's "
             f"{mean_r:.3g}; a long sum lost precision (partial sums rounded to a narrower dtype?)")
     return {"spread": mean_k, "hf_spread": mean_h, "reordered_spread": mean_r, "spread_bound": bound}
+
+
+def _sample_sd(x: torch.Tensor, mean: float, judged: torch.Tensor, n: int) -> float:
+    """The sample standard deviation of the ``n`` judged elements of ``x`` around ``mean``."""
+    return float(torch.where(judged, x - mean, 0.0).square().sum().div(max(1, n - 1)).sqrt()) if n > 1 else 0.0
 
 
 def _max(x: torch.Tensor) -> float:

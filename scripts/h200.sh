@@ -211,11 +211,19 @@ for step in "$@"; do
                '{"dims":{"cols":2,"lead":[1]},"dtype":"float32","layout":"contiguous","op":"rms_norm","params":{"eps":1e-06,"weight":"same"},"seed":0,"values":"normal","variant":"llama"}'; do
         python3 -m oracle.repro "$c" | head -4
       done 2>&1 | tee "$OUT/pinned-h200.log";;
-    derived-thorough)  # the thorough profile judged by the derived noise model (the default since aeee0e2), for each of DERIVED_IMPLS
+    derived-thorough)  # the thorough profile judged by the derived noise model (the default since aeee0e2) for each of
+      # DERIVED_IMPLS, all at once, each with THOROUGH_WORKERS workers (a hypothesis test runs its examples in one
+      # process, so the longest test, not the core count, sets the wall time); liger's wheel comes from .peers
       for impl in ${DERIVED_IMPLS:-kernels hf compile}; do
-        ORACLE_NOISE_MODEL=derived HYPOTHESIS_PROFILE=thorough timeout ${THOROUGH_TIMEOUT:-240} python3 -m pytest -n auto -q \
-          -p no:cacheprovider tests/test_ops.py -k "matches_hf ${THOROUGH_OPS:+and $THOROUGH_OPS}" --impl $impl 2>&1 \
-          | tee "$OUT/pytest-thorough-derived-$impl-h200.log" | tail -12
+        run=(); [ "$impl" = liger ] && run=(liger_peer)
+        ( ORACLE_NOISE_MODEL=derived HYPOTHESIS_PROFILE=thorough "${run[@]}" timeout ${THOROUGH_TIMEOUT:-240} python3 -m \
+          pytest -n ${THOROUGH_WORKERS:-auto} -v -p no:cacheprovider tests/test_ops.py \
+          -k "matches_hf ${THOROUGH_OPS:+and $THOROUGH_OPS}" --impl $impl > "$OUT/pytest-thorough-derived-$impl-h200.log" 2>&1
+          echo "thorough $impl exit $?" ) &
+      done; wait
+      for impl in ${DERIVED_IMPLS:-kernels hf compile}; do
+        echo "--- $impl"; grep -E "(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-thorough-derived-$impl-h200.log" | tail -8
+        echo "$(grep -c " PASSED" "$OUT/pytest-thorough-derived-$impl-h200.log") passed so far"
       done;;
     noise-tables)  # the derived noise model against the hand-written ones: scale ratios and cost, on the GPU
       timeout ${NOISE_TIMEOUT:-300} python3 scripts/derived_noise_tables.py --device cuda --json "$OUT/derived-noise-h200.json" 2>&1 \

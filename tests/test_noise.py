@@ -216,26 +216,39 @@ def _rms_norm_with_tiled_dW(partials: torch.dtype, tile: int = 4096):
     return lambda X, W, eps, gemma=False: _TiledDW.apply(X, W, eps, gemma, partials, tile)
 
 
-class _TiledDW(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, X, W, eps, gemma, partials, tile):
-        ctx.save_for_backward(X, W)
-        ctx.eps, ctx.gemma, ctx.partials, ctx.tile = eps, gemma, partials, tile
-        return SPECS["rms_norm"].contract_callable()(X, W, eps, gemma)
+class _HFWithOwnDW(torch.autograd.Function):
+    """HF's RMSNorm forward and dX; a subclass sums dW its own way (``_dW``) from dY's and the
+    normed rows' products, rounded in Y's dtype as HF's autograd rounds them. Extra arguments after
+    ``gemma`` say how, and reach ``_dW`` as ``ctx.how``."""
 
     @staticmethod
-    def backward(ctx, dY):
+    def forward(ctx, X, W, eps, gemma, *how):
+        ctx.save_for_backward(X, W)
+        ctx.eps, ctx.gemma, ctx.how = eps, gemma, how
+        return SPECS["rms_norm"].contract_callable()(X, W, eps, gemma)
+
+    @classmethod
+    def backward(cls, ctx, dY):
         X, W = ctx.saved_tensors
         with torch.enable_grad():
             x = X.detach().requires_grad_()
             dX, = torch.autograd.grad(SPECS["rms_norm"].contract_callable()(x, W, ctx.eps, ctx.gemma), x, dY)
         n = X.shape[-1]
-        normed = (X.float() * torch.rsqrt(X.float().pow(2).mean(-1, keepdim=True) + ctx.eps)).to(X.dtype)
-        terms = (dY * normed).float().reshape(-1, n)  # each product rounded in Y's dtype, as HF's autograd
-        dW = torch.zeros(n, dtype=ctx.partials)
-        for start in range(0, terms.shape[0], ctx.tile):
-            dW = (dW.float() + terms[start:start + ctx.tile].sum(0)).to(ctx.partials)
-        return dX, dW.to(W.dtype), None, None, None, None
+        rows = X.float().reshape(-1, n)
+        normed = (rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + ctx.eps)).to(X.dtype)
+        dW = cls._dW(dY.reshape(-1, n) * normed, *ctx.how)
+        return (dX, dW.to(W.dtype), None, None) + (None,) * len(ctx.how)
+
+
+class _TiledDW(_HFWithOwnDW):
+    @staticmethod
+    def _dW(products, partials, tile):
+        """Tiles of ``tile`` rows summed in float32, each added to a running dW kept in ``partials``."""
+        terms = products.float()
+        dW = torch.zeros(terms.shape[1], dtype=partials)
+        for start in range(0, terms.shape[0], tile):
+            dW = (dW.float() + terms[start:start + tile].sum(0)).to(partials)
+        return dW
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -278,31 +291,18 @@ def test_a_long_reduction_in_16_bit_fails_the_per_case_verdict(dtype, monkeypatc
                       ("derived", torch.bfloat16): False, ("derived", torch.float32): True}
 
 
-class _BlockSummedDW(torch.autograd.Function):
+class _BlockSummedDW(_HFWithOwnDW):
     """HF's RMSNorm, except that dW adds its bf16 products 16 rows at a time in ``blocks`` (a tree of
     pairwise sums, each rounded), then the blocks in float32: Liger-Kernel 0.6.4's block backward,
     whose ``tl.sum`` of 16 bf16 rows stays in bf16 (Liger #950)."""
 
     @staticmethod
-    def forward(ctx, X, W, eps, gemma, blocks):
-        ctx.save_for_backward(X, W)
-        ctx.eps, ctx.gemma, ctx.blocks = eps, gemma, blocks
-        return SPECS["rms_norm"].contract_callable()(X, W, eps, gemma)
-
-    @staticmethod
-    def backward(ctx, dY):
-        X, W = ctx.saved_tensors
-        with torch.enable_grad():
-            x = X.detach().requires_grad_()
-            dX, = torch.autograd.grad(SPECS["rms_norm"].contract_callable()(x, W, ctx.eps, ctx.gemma), x, dY)
-        n = X.shape[-1]
-        rows = X.float().reshape(-1, n)
-        normed = (rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + ctx.eps)).to(X.dtype)
-        block = (dY.reshape(-1, n) * normed).reshape(-1, 16, n)  # bf16 products, as HF's autograd
+    def _dW(products, blocks):
+        block = products.reshape(-1, 16, products.shape[1])
         while block.shape[1] > 1:
             half = block.shape[1] // 2
-            block = (block[:, :half].float() + block[:, half:].float()).to(ctx.blocks)
-        return dX, block[:, 0].float().sum(0).to(W.dtype), None, None, None
+            block = (block[:, :half].float() + block[:, half:].float()).to(blocks)
+        return block[:, 0].float().sum(0)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
