@@ -42,9 +42,9 @@ def launching() -> contextlib.AbstractContextManager:
     """Wrap every kernel launch: bf16 casts made faithful first, and under the interpreter numpy's
     warnings on IEEE overflow silenced (exp(1000) = inf and 70000 cast to fp16 = inf are what the
     GPU computes too, silently, and what HF computes). On a GPU a shared no-op: it is on every call's path."""
-    ensure_faithful_bf16()
-    if not interpreted():
+    if not interpreted():  # nothing to correct on a GPU (ensure_faithful_bf16 answers "native")
         return _NATIVE_LAUNCH
+    ensure_faithful_bf16()
     return np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore")
 
 

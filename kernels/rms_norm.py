@@ -31,6 +31,7 @@ once to W's dtype. Every order is fixed by the shapes alone: same inputs on the 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -260,6 +261,7 @@ def _sum_partials_kernel(
     tl.store(dW_ptr + cols, acc, mask=col_mask)
 
 
+@functools.lru_cache(maxsize=64)  # on every call's path; a model has one or two eps
 def _split_eps(eps: float) -> tuple[float, float]:
     """eps as an exactly-fp32 part plus the remainder (Triton passes float scalars as fp32)."""
     hi = float(np.float32(eps))
@@ -298,8 +300,8 @@ def _forward_outputs(X: torch.Tensor, W: torch.Tensor, gemma: bool) -> tuple[tor
     out_dtype = X.dtype if gemma else torch.promote_types(X.dtype, W.dtype)
     compute = torch.float64 if torch.float64 in (X.dtype, W.dtype) else torch.float32
     n_rows = math.prod(X.shape[:-1])
-    return (torch.empty(X.shape, dtype=out_dtype, device=X.device),
-            torch.empty(n_rows, dtype=compute, device=X.device))
+    return (torch.empty_like(X, dtype=out_dtype, memory_format=torch.contiguous_format),
+            X.new_empty(n_rows, dtype=compute))
 
 
 def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,
@@ -347,7 +349,7 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
     programs = min(n_rows, cdiv(config.programs_per_sm * slots, chunks))
     rows_per_program = cdiv(n_rows, programs)
     programs = cdiv(n_rows, rows_per_program)
-    dW_partial = torch.empty((programs, n_cols), dtype=compute, device=X.device)
+    dW_partial = X.new_empty((programs, n_cols), dtype=compute)
     mean = inv_var  # read only when split
     dY_strides, X_strides = layout.strides[1], layout.strides[2]
     with launching():
@@ -366,7 +368,7 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
         )
         if not needs_dW:
             return None
-        dW = torch.empty(n_cols, dtype=W.dtype, device=W.device)
+        dW = torch.empty_like(W, memory_format=torch.contiguous_format)
         _sum_partials_kernel[(cdiv(n_cols, 64),)](dW, dW_partial, programs, n_cols, PARTIALS=32, BLOCK_SIZE=64)
     return dW
 
@@ -392,8 +394,8 @@ def _rms_norm_backward_op(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, in
 
 
 def _backward_outputs(X: torch.Tensor, W: torch.Tensor, needs_dW: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.empty(X.shape, dtype=X.dtype, device=X.device),
-            torch.empty(X.shape[-1] if needs_dW else 0, dtype=W.dtype, device=W.device))
+    return (torch.empty_like(X, memory_format=torch.contiguous_format),
+            W.new_empty(X.shape[-1] if needs_dW else 0))
 
 
 @_rms_norm_op.register_fake
@@ -455,7 +457,7 @@ class RMSNormFunction(torch.autograd.Function):
         if inv_var.numel() == 0:
             return torch.zeros_like(X), torch.zeros_like(W), None, None, None
         in_place = ctx.write_dx_into_dy and _can_overwrite(dY, X, W)
-        dX = dY if in_place else torch.empty(X.shape, dtype=X.dtype, device=X.device)
+        dX = dY if in_place else torch.empty_like(X, memory_format=torch.contiguous_format)
         dW = backward(dY, X, W, inv_var, ctx.gemma, dX, ctx.needs_input_grad[1])
         return dX, dW, None, None, None
 
@@ -496,4 +498,6 @@ def rms_norm(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool = False, 
         return _rms_norm_writing_dx_into_dy(X, W, eps, gemma)
     if tracing():
         return _rms_norm_op(X, W, eps, gemma)[0]
-    return RMSNormFunction.apply(X, W, eps, gemma, False)
+    if torch.is_grad_enabled() and (X.requires_grad or W.requires_grad):
+        return RMSNormFunction.apply(X, W, eps, gemma, False)
+    return forward(X, W, eps, gemma)[0]  # nothing to differentiate: no autograd node to build

@@ -10,7 +10,11 @@ between two calls, and the opt-in in-place backward of RMSNorm handed a gradient
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
+import textwrap
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +24,19 @@ from oracle import reference as R
 from oracle.compare import judge
 from oracle.ops import SPECS
 from tests.test_kernels import no_launch, refuse_launches  # noqa: F401  (no_launch: a fixture)
+
+@pytest.fixture(autouse=True)
+def positions_checked_on_the_host(monkeypatch):
+    """On a GPU, RoPE's position range check is a device-side assertion (kernels/rope.py,
+    ``require_positions_in_table``), which would end this process's CUDA context. Here the same
+    condition, computed on the device on every call, is read to the host and raises the assertion's
+    message; test_a_position_outside_the_table_stops_the_gpu_stream runs the real assertion."""
+    def read_on_the_host(condition, message):
+        if not bool(condition):
+            raise ValueError(message)
+
+    monkeypatch.setattr(sys.modules["kernels.rope"], "_assert_on_device", read_on_the_host)
+
 
 TABLE = [(spec.name, entry) for spec in SPECS.values() for entry in spec.error_inputs()]
 RAISES = [(op, entry) for op, entry in TABLE if entry.expect == "raises"]
@@ -124,6 +141,42 @@ def test_position_written_between_forward_and_backward_is_caught(device):
     _through_data(positions, 99)
     with pytest.raises(ValueError, match="outside the table"):
         Q_out.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_the_device_side_condition_is_exactly_the_table_rows(dtype, device):
+    rope = sys.modules["kernels.rope"]
+    for positions, inside in [([0, 15], True), ([3], True), ([-1, 2], False), ([16], False), ([0, 2**30], False),
+                              ([-(2**30)], False), ([15, 16, 0], False)]:
+        condition = rope.all_in_table(torch.tensor([positions], dtype=dtype, device=device), 16)
+        assert condition.shape == () and condition.dtype == torch.bool and condition.device == device
+        assert bool(condition) == inside, positions
+
+
+_STOPPED_BY_THE_DEVICE = textwrap.dedent("""
+    import sys, torch, kernels
+    Q, K = torch.randn(1, 4, 3, 8, device="cuda"), torch.randn(1, 2, 3, 8, device="cuda")
+    cos, sin = torch.randn(16, 8, device="cuda"), torch.randn(16, 8, device="cuda")
+    positions = torch.tensor([[0, 1, int(sys.argv[1])]], device="cuda")
+    kernels.rope(Q, K, cos, sin, positions)
+    torch.cuda.synchronize()
+    print("no assertion")
+""")
+
+
+@pytest.mark.parametrize("position", [2, 16])
+def test_a_position_outside_the_table_stops_the_gpu_stream(position, device):
+    """The real device-side assertion, in a process of its own: position 16 of a 16-row table stops
+    the program at the next synchronisation; position 2, inside, runs to the end."""
+    if device.type != "cuda":
+        pytest.skip("on the CPU the check raises ValueError (the tests above)")
+    proc = subprocess.run([sys.executable, "-c", _STOPPED_BY_THE_DEVICE, str(position)], capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    if position < 16:
+        assert proc.returncode == 0 and "no assertion" in proc.stdout, proc.stderr[-2000:]
+    else:
+        assert proc.returncode != 0 and "no assertion" not in proc.stdout
+        assert "device-side assert" in proc.stderr, proc.stderr[-2000:]
 
 
 # --- what a table row cannot express ----------------------------------------------------------------

@@ -154,6 +154,29 @@ def test_rope_rotates_in_place_and_tells_autograd(device):
     assert Q._version > versions[0] and K._version > versions[1]
 
 
+def test_calls_with_nothing_to_differentiate_give_the_same_bits_without_a_node(device):
+    """No grad mode, or no input that requires grad: no autograd node is built (the host's shortest
+    path), the results are the same bits, and RoPE still bumps the version counters."""
+    gen = torch.Generator().manual_seed(3)
+    X = torch.randn(5, 40, generator=gen).to(device).requires_grad_()
+    W = torch.randn(40, generator=gen).to(device).requires_grad_()
+    with_node = kernels.rms_norm(X, W, 1e-6)
+    with torch.no_grad():
+        without = kernels.rms_norm(X, W, 1e-6)
+    assert with_node.grad_fn is not None and without.grad_fn is None
+    assert torch.equal(with_node.detach(), without)
+    Q0, K0 = torch.randn(1, 4, 3, 8, generator=gen).to(device), torch.randn(1, 2, 3, 8, generator=gen).to(device)
+    cos, sin = torch.randn(5, 8, generator=gen).to(device), torch.randn(5, 8, generator=gen).to(device)
+    Q, K = Q0.clone().requires_grad_().clone(), K0.clone()
+    kernels.rope(Q, K, cos, sin)
+    with torch.inference_mode():
+        Qi, Ki = kernels.rope(Q0.clone(), K0.clone(), cos, sin)
+    versions = (Q0._version, K0._version)
+    kernels.rope(Q0, K0, cos, sin)
+    assert Q.grad_fn is not None and torch.equal(Q.detach(), Qi) and torch.equal(K, Ki)
+    assert torch.equal(Q0, Qi) and Q0._version > versions[0] and K0._version > versions[1]
+
+
 # every raw kernel that writes its results into its arguments' buffers
 RAW_BACKWARDS = [getattr(kernels, name) for name, spec in SPECS.items() if spec.buffers_hold_outputs]
 

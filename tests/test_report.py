@@ -46,6 +46,24 @@ def test_outputs_table_json_and_html(baseline, small_report):
     assert html.startswith("<!DOCTYPE html>") and "data:image/svg+xml;base64," in html and "<script" not in html
 
 
+@pytest.mark.parametrize("loop, verdict", [(0.71, "bad"), (0.69, "good")])
+def test_the_dashboard_shows_wall_per_call_beside_gpu_time(small_report, loop, verdict):
+    """The performance section's loop columns and the wall targets' cell, against compile's loop (0.70)."""
+    import re
+    from dataclasses import asdict
+
+    from oracle.bench import targets
+    from oracle.report import html
+    from tests.test_bench import COPY_TBPS, _workload
+
+    timings = _workload(loop=loop)
+    bench = {"environment": {"device": "a stub GPU"}, "copy_tbps": COPY_TBPS,
+             "timings": [asdict(t) for t in timings], "targets": targets(timings, COPY_TBPS)}
+    page = html.render(json.loads(Path(small_report["json"]).read_text()), None, bench)
+    assert "fwd ms (loop)" in page and "fwd+bwd ms (loop)" in page and "loop ms vs compile" in page
+    assert re.search(rf'class="{verdict}">[^<]*; *\n?{loop:.3f} vs 0\.700</td>', page), page[-3000:]
+
+
 def test_unchanged_kernels_pass_the_gate(small_rerun, baseline):
     """A second real sweep of the slice (the session's rerun, tests/conftest.py) gated against the
     first run's baseline: every cell judged, none regressed."""
