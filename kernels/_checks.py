@@ -59,6 +59,8 @@ def require_ndim(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
 
 
 def require_real(name: str, value: object) -> float:
+    if type(value) is float or type(value) is int:  # the common case, without the abstract class's slow check
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     return float(value)

@@ -21,7 +21,10 @@ Active:
   ``dev`` (the default: example database on), ``thorough`` (opt in: many examples) and ``sample``
   (a short random sample, four times CI's examples: GPU landings, scripts/h200.sh). Choose with
   ``--hypothesis-profile`` or HYPOTHESIS_PROFILE. A conftest.py's own profile of one of these names,
-  or one it loaded itself, is kept.
+  or one it loaded itself, is kept. ORACLE_MAX_EXAMPLES=N sets the examples per test of the profile
+  HYPOTHESIS_PROFILE names: K sessions of N examples under K distinct ``--hypothesis-seed`` values
+  draw K*N cases per test, so a profile's long tests can be split across processes (each hypothesis
+  test runs its examples in one worker; scripts/h200.sh thorough-sharded).
 - A worker killed by a crash (a segfault under the interpreter, an illegal address on the GPU)
   loses only the case it was running: xdist replaces the worker, and the crash report names the
   case and the command that reruns it.
@@ -233,6 +236,13 @@ def _load_profile() -> None:
     explicit = os.environ.get("HYPOTHESIS_PROFILE")
     if explicit or _loaded_profile() in (None, "default", "ci"):  # nobody's choice but hypothesis's
         settings.load_profile(explicit or ("ci" if os.environ.get("CI") else "dev"))
+    examples = os.environ.get("ORACLE_MAX_EXAMPLES")
+    if examples is not None:
+        if not examples.isdigit() or int(examples) < 1:
+            raise pytest.UsageError(f"ORACLE_MAX_EXAMPLES must be a positive whole number, got {examples!r}")
+        name = f"{_loaded_profile()}, {int(examples)} examples"
+        settings.register_profile(name, settings.default, max_examples=int(examples))
+        settings.load_profile(name)
 
 
 def _loaded_profile() -> str | None:

@@ -225,6 +225,24 @@ for step in "$@"; do
         echo "--- $impl"; grep -E "(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-thorough-derived-$impl-h200.log" | tail -8
         echo "$(grep -c " PASSED" "$OUT/pytest-thorough-derived-$impl-h200.log") passed so far"
       done;;
+    thorough-sharded)  # the thorough profile (400 examples a test) under the default noise model for each of
+      # SHARDED_IMPLS in turn, every test split into SHARDS sessions of 400/SHARDS examples under distinct seeds, run
+      # side by side with 16/SHARDS workers each: a test's examples run in one process, so unsplit, the longest test
+      # sets the wall time. THOROUGH_OPS narrows the ops; EXTRA takes more pytest options (-x)
+      shards=${SHARDS:-4}
+      for impl in ${SHARDED_IMPLS:-kernels hf compile}; do
+        run=(); [ "$impl" = liger ] && run=(liger_peer)
+        for seed in $(seq 1 $shards); do
+          ( HYPOTHESIS_PROFILE=thorough ORACLE_MAX_EXAMPLES=$((400 / shards)) "${run[@]}" timeout ${THOROUGH_TIMEOUT:-240} \
+            python3 -m pytest -n $((16 / shards)) -v -p no:cacheprovider --hypothesis-seed=$seed ${EXTRA:-} \
+            tests/test_ops.py -k "matches_hf ${THOROUGH_OPS:+and $THOROUGH_OPS}" --impl $impl \
+            > "/tmp/thorough-$impl-seed$seed.log" 2>&1; echo "thorough $impl seed $seed exit $?" ) &
+        done; wait
+        for seed in $(seq 1 $shards); do  # one log per implementation (a call brings back 8 files at most)
+          echo "##### seed $seed of $shards, $((400 / shards)) examples a test"; cat "/tmp/thorough-$impl-seed$seed.log"
+        done > "$OUT/pytest-thorough-sharded-$impl-h200.log"
+        grep -E "^#####|(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-thorough-sharded-$impl-h200.log" | tail -24
+      done;;
     noise-tables)  # the derived noise model against the hand-written ones: scale ratios and cost, on the GPU
       timeout ${NOISE_TIMEOUT:-300} python3 scripts/derived_noise_tables.py --device cuda --json "$OUT/derived-noise-h200.json" 2>&1 \
         | tee "$OUT/derived-noise-h200.log" | tail -40;;

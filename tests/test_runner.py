@@ -114,6 +114,31 @@ def test_shrinking_is_bounded_so_a_failure_is_reported_within_a_minute(monkeypat
     assert conjecture.MAX_SHRINKING_SECONDS == pytest_plugin.SHRINK_SECONDS
 
 
+def test_max_examples_of_the_chosen_profile_can_be_set_for_a_split_run(monkeypatch):
+    """ORACLE_MAX_EXAMPLES replaces the examples per test of the profile HYPOTHESIS_PROFILE names,
+    and keeps its other settings; anything but a positive whole number is a usage error."""
+    from hypothesis import settings
+
+    from oracle import pytest_plugin
+
+    name_before = pytest_plugin._loaded_profile()
+    try:
+        monkeypatch.setenv("HYPOTHESIS_PROFILE", "thorough")
+        monkeypatch.setenv("ORACLE_MAX_EXAMPLES", "100")
+        pytest_plugin._load_profile()
+        assert settings.default.max_examples == 100 and settings.default.deadline is None
+        assert pytest_plugin._loaded_profile() == "thorough, 100 examples"
+        monkeypatch.delenv("ORACLE_MAX_EXAMPLES")
+        pytest_plugin._load_profile()
+        assert settings.default.max_examples == 400
+        for bad in ("0", "-3", "ten", "2.5"):
+            monkeypatch.setenv("ORACLE_MAX_EXAMPLES", bad)
+            with pytest.raises(pytest.UsageError, match="ORACLE_MAX_EXAMPLES must be a positive whole number"):
+                pytest_plugin._load_profile()
+    finally:
+        settings.load_profile(name_before)
+
+
 def test_each_cpu_capability_gets_its_own_compile_cache(monkeypatch):
     """Inductor's cache would serve one capability's kernels to another (oracle/environment.py)."""
     from oracle.environment import separate_compile_caches
