@@ -212,10 +212,10 @@ def _synchronize(device: str) -> None:
 
 
 def position_check_cost(shapes=((1, 2048), (4, 4096), (8, 8192)), calls: int = 300, repeats: int = 5) -> list[dict]:
-    """Microseconds per call of rope's position-id range check alone (one aminmax, one host read), per
-    (batch, seq), on the GPU when there is one, else the CPU: the best and the median of ``repeats``
-    loops of ``calls`` calls. On a GPU the host read also waits for all queued work; in a model that stall,
-    not the microseconds, is the cost (``rope_check_share`` measures it on a real rope call)."""
+    """Microseconds per call of rope's position-id range check alone, per (batch, seq), on the GPU when
+    there is one (three small kernels and a device-side assertion, queued without a host read), else the
+    CPU (one aminmax and a host read): the best and the median of ``repeats`` loops of ``calls`` calls,
+    synchronised only between loops (``rope_check_share`` measures it on a real rope call)."""
     from kernels.rope import require_positions_in_table
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -239,7 +239,7 @@ def position_check_cost(shapes=((1, 2048), (4, 4096), (8, 8192)), calls: int = 3
 
 def rope_check_share(dtype=torch.bfloat16, batch=4, heads=32, kv_heads=8, seq=4096, head_dim=128) -> dict:
     """GPU only: kernels.rope with packed position_ids at Llama-3-8B shapes, timed with the range
-    check and with it switched off, so the difference includes the stall of its host sync."""
+    check and with it switched off (do_bench: the difference is what the check adds to a call's wall time)."""
     import importlib
 
     import kernels
