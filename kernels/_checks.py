@@ -38,11 +38,10 @@ def require_same_dtype(**tensors: torch.Tensor) -> None:
 def require_kernel_device(**tensors: torch.Tensor) -> None:
     """All tensors on one device: CUDA, or the CPU when the interpreter runs the kernels (a meta
     tensor has no memory to read, so it is refused here rather than crashing a kernel)."""
-    devices = {name: t.device for name, t in tensors.items()}
-    if len(set(devices.values())) > 1:
-        listed = ", ".join(f"{name} on {device}" for name, device in devices.items())
+    device = next(iter(tensors.values())).device
+    if any(t.device != device for t in tensors.values()):
+        listed = ", ".join(f"{name} on {t.device}" for name, t in tensors.items())
         raise ValueError(f"tensors must be on one device: {listed}")
-    device = next(iter(devices.values()))
     if _INTERPRETED and device.type != "cpu":
         raise ValueError(f"the kernels run on the CPU through Triton's interpreter here, but the tensors are "
                          f"on {device}; move them to the CPU")
@@ -92,6 +91,8 @@ def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """[first, last + 1) byte addresses t's elements can occupy: its storage's start, plus its offset,
     plus how far its strides reach (torch strides are never negative)."""
     start = t.data_ptr()  # the storage's start plus the offset, without making a storage object
+    if t.is_contiguous():  # the common case, on every call's path: the elements one after another
+        return start, start + t.numel() * t.element_size()
     reach = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
     return start, start + (reach + 1) * t.element_size()
 

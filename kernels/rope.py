@@ -453,12 +453,12 @@ def rope(Q: torch.Tensor, K: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     for name, t in (("Q", Q), ("K", K)):
         _require_rotatable_in_place(name, t)
     _rotate_in_place(Q, K, cos, sin, position_ids)
-    buffers, placements = _buffers(Q, K)
     if not (torch.is_grad_enabled() and (Q.requires_grad or K.requires_grad)):
-        for buffer in buffers:  # no node to record: only tell autograd the memory changed, as the op would
-            if not buffer.is_inference():  # inference tensors keep no version counter
-                increment_version(buffer)
+        for t in (Q, K):  # no node to record: only tell autograd the memory changed, as the op would
+            if not t.is_inference():  # (a view shares its base's counter; inference tensors keep none)
+                increment_version(t)
         return Q, K
+    buffers, placements = _buffers(Q, K)
     RotatedInPlace.apply(placements, cos, sin, position_ids, *buffers)  # marking them dirty bumps their versions
     # Reading grad_fn re-derives a view's history from its base now: torch (2.11 to 2.13) crashes
     # when register_hook is the first to touch a view whose base was written in place.
