@@ -60,7 +60,9 @@ for step in "$@"; do
       echo "suite exit $?"; grep -E "(FAILED|ERROR) |^ *[0-9.]+ [0-9.]+s (call|setup|teardown) | (passed|failed).* in " \
         "$OUT/pytest-h200.log" | tail -40
       python3 scripts/worker_timeline.py summary "$OUT/pytest-h200.log"
-      HYPOTHESIS_PROFILE=sample timeout ${SAMPLE_TIMEOUT:-120} python3 -m pytest -n auto -q -p no:cacheprovider \
+      # SIGINT first: pytest then stops its xdist workers, which a plain SIGTERM to the controller leaves running
+      # (a step after it, the benchmark above all, would share the machine with them)
+      HYPOTHESIS_PROFILE=sample timeout -s INT -k 20 ${SAMPLE_TIMEOUT:-120} python3 -m pytest -n auto -q -p no:cacheprovider \
         tests/test_ops.py -k matches_hf 2>&1 | tee "$OUT/pytest-sample-h200.log" | grep -E "FAILED|ERROR|passed|failed";;
     startup)  # where the suite's first seconds go: 16 collections at once (as xdist's workers start), then one
       # alone, profiled; whether this machine writes bytecode (pytest's rewritten test modules are cached there)
@@ -216,7 +218,7 @@ for step in "$@"; do
       # process, so the longest test, not the core count, sets the wall time); liger's wheel comes from .peers
       for impl in ${DERIVED_IMPLS:-kernels hf compile}; do
         run=(); [ "$impl" = liger ] && run=(liger_peer)
-        ( ORACLE_NOISE_MODEL=derived HYPOTHESIS_PROFILE=thorough "${run[@]}" timeout ${THOROUGH_TIMEOUT:-240} python3 -m \
+        ( ORACLE_NOISE_MODEL=derived HYPOTHESIS_PROFILE=thorough "${run[@]}" timeout -s INT -k 20 ${THOROUGH_TIMEOUT:-240} python3 -m \
           pytest -n ${THOROUGH_WORKERS:-auto} -v -p no:cacheprovider tests/test_ops.py \
           -k "matches_hf ${THOROUGH_OPS:+and $THOROUGH_OPS}" --impl $impl > "$OUT/pytest-thorough-derived-$impl-h200.log" 2>&1
           echo "thorough $impl exit $?" ) &
@@ -233,7 +235,7 @@ for step in "$@"; do
       for impl in ${SHARDED_IMPLS:-kernels hf compile}; do
         run=(); [ "$impl" = liger ] && run=(liger_peer)
         for seed in $(seq 1 $shards); do
-          ( HYPOTHESIS_PROFILE=thorough ORACLE_MAX_EXAMPLES=$((400 / shards)) "${run[@]}" timeout ${THOROUGH_TIMEOUT:-240} \
+          ( HYPOTHESIS_PROFILE=thorough ORACLE_MAX_EXAMPLES=$((400 / shards)) "${run[@]}" timeout -s INT -k 20 ${THOROUGH_TIMEOUT:-240} \
             python3 -m pytest -n $((16 / shards)) -v -p no:cacheprovider --hypothesis-seed=$seed ${EXTRA:-} \
             tests/test_ops.py -k "matches_hf ${THOROUGH_OPS:+and $THOROUGH_OPS}" --impl $impl \
             > "/tmp/thorough-$impl-seed$seed.log" 2>&1; echo "thorough $impl seed $seed exit $?" ) &
