@@ -21,8 +21,9 @@ Note [Eager autograd skips the dispatcher]
     in-place op, which has no autograd formula, likewise runs its body directly in eager mode
     (its own autograd node marks the buffers dirty, which bumps their versions as the op's schema
     would): through the dispatcher its forward cost 54 µs of Python per call on the CPU, the direct
-    call 14 (``python scripts/host_path_cpu.py``, launches stubbed). A call with nothing to differentiate (no grad mode, or no input that
-    requires grad) builds no autograd node at all. The harness's compile check and
+    call 14 (``python scripts/host_path_cpu.py``, launches stubbed). A call with nothing to
+    differentiate (no grad mode, or no input that requires grad) builds no autograd node at all.
+    The harness's compile check and
     tests/test_compile.py hold the two paths to the same bits. The raw kernels go through the
     dispatcher in both modes.
 

@@ -213,24 +213,12 @@ for step in "$@"; do
                '{"dims":{"cols":2,"lead":[1]},"dtype":"float32","layout":"contiguous","op":"rms_norm","params":{"eps":1e-06,"weight":"same"},"seed":0,"values":"normal","variant":"llama"}'; do
         python3 -m oracle.repro "$c" | head -4
       done 2>&1 | tee "$OUT/pinned-h200.log";;
-    derived-thorough)  # the thorough profile judged by the derived noise model (the default since aeee0e2) for each of
-      # DERIVED_IMPLS, all at once, each with THOROUGH_WORKERS workers (a hypothesis test runs its examples in one
-      # process, so the longest test, not the core count, sets the wall time); liger's wheel comes from .peers
-      for impl in ${DERIVED_IMPLS:-kernels hf compile}; do
-        run=(); [ "$impl" = liger ] && run=(liger_peer)
-        ( ORACLE_NOISE_MODEL=derived HYPOTHESIS_PROFILE=thorough "${run[@]}" timeout -s INT -k 20 ${THOROUGH_TIMEOUT:-240} python3 -m \
-          pytest -n ${THOROUGH_WORKERS:-auto} -v -p no:cacheprovider tests/test_ops.py \
-          -k "matches_hf ${THOROUGH_OPS:+and $THOROUGH_OPS}" --impl $impl > "$OUT/pytest-thorough-derived-$impl-h200.log" 2>&1
-          echo "thorough $impl exit $?" ) &
-      done; wait
-      for impl in ${DERIVED_IMPLS:-kernels hf compile}; do
-        echo "--- $impl"; grep -E "(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-thorough-derived-$impl-h200.log" | tail -8
-        echo "$(grep -c " PASSED" "$OUT/pytest-thorough-derived-$impl-h200.log") passed so far"
-      done;;
-    thorough-sharded)  # the thorough profile (400 examples a test) under the default noise model for each of
-      # SHARDED_IMPLS in turn, every test split into SHARDS sessions of 400/SHARDS examples under distinct seeds, run
-      # side by side with 16/SHARDS workers each: a test's examples run in one process, so unsplit, the longest test
-      # sets the wall time. THOROUGH_OPS narrows the ops; EXTRA takes more pytest options (-x)
+    thorough-sharded)  # the thorough profile (400 examples a test) under the default (derived) noise model for
+      # each of SHARDED_IMPLS in turn, every test split into SHARDS sessions of 400/SHARDS examples under distinct
+      # seeds, run side by side with 16/SHARDS workers each: a test's examples run in one process, so unsplit
+      # (SHARDS=1) the longest test sets the wall time. Implementations side by side on one GPU ran far slower
+      # (32 processes: reports/logs/pytest-thorough-derived-*-side-by-side-cut-at-540s.log). THOROUGH_OPS narrows
+      # the ops; EXTRA takes more pytest options (-x); liger's wheel comes from .peers
       shards=${SHARDS:-4}
       for impl in ${SHARDED_IMPLS:-kernels hf compile}; do
         run=(); [ "$impl" = liger ] && run=(liger_peer)
