@@ -169,7 +169,7 @@ def test_a_position_outside_the_table_stops_the_gpu_stream(position, device):
     """The real device-side assertion, in a process of its own: position 16 of a 16-row table stops
     the program at the next synchronisation; position 2, inside, runs to the end."""
     if device.type != "cuda":
-        pytest.skip("on the CPU the check raises ValueError (the tests above)")
+        pytest.skip("a device-side assertion needs a GPU; on the CPU the check raises ValueError (tested above)")
     proc = subprocess.run([sys.executable, "-c", _STOPPED_BY_THE_DEVICE, str(position)], capture_output=True,
                           text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
     if position < 16:
