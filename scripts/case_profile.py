@@ -1,7 +1,9 @@
 """Where one op's cases spend their time, on this machine's device: the op's first stratified cases
-through the engine (as the suite runs each), the wall time of each, then cProfile's top entries.
+(or, with --drawn, the cases hypothesis draws at this device's budget, as the suite's tests do)
+through the engine, the wall time of each, then cProfile's top entries.
 
     python scripts/case_profile.py --op dyt --op-module peers.liger.ops --impl peers.liger.impl:impl
+    ORACLE_NOISE_MODEL=declared python scripts/case_profile.py --op rms_norm --impl hf --drawn 30 --sort tottime
 
 The first case pays for imports and the first compiles; the rest show what every drawn case costs
 (on a GPU, a kernel specialised on a width compiles anew for every new width).
@@ -15,11 +17,28 @@ import pstats
 import sys
 import time
 
+from hypothesis import HealthCheck, given, settings
+
 from oracle.devices import case_budget, default_device
-from oracle.engine import run_case
+from oracle.engine import noise_rule, run_case
 from oracle.impls import load
 from oracle.ops import SPECS
 from oracle.registry import load_declarations
+
+
+def drawn(spec, dtype: str, count: int) -> list:
+    """The first ``count`` cases hypothesis draws for the spec's test in ``dtype`` (derandomized, so the
+    same cases every run)."""
+    cases = []
+
+    @settings(max_examples=count, database=None, derandomize=True, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=spec.cases(case_budget(), (dtype,)))
+    def collect(case):
+        cases.append(case)
+
+    collect()
+    return cases[:count]
 
 
 def main(argv=None) -> int:
@@ -29,6 +48,8 @@ def main(argv=None) -> int:
     parser.add_argument("--op-module", action="append", default=[])
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--cases", type=int, default=6)
+    parser.add_argument("--drawn", type=int, default=0, help="this many hypothesis-drawn cases instead")
+    parser.add_argument("--sort", default="cumulative", help="cProfile's order: cumulative, tottime, ...")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args(argv)
     load_declarations(*args.op_module)
@@ -36,15 +57,18 @@ def main(argv=None) -> int:
         print(f"unknown op {args.op}", file=sys.stderr)
         return 2
     impl, device = load(args.impl), default_device()
-    cases = SPECS[args.op].stratified(args.dtype, case_budget())[:args.cases]
-    profile = cProfile.Profile()
+    spec = SPECS[args.op]
+    cases = drawn(spec, args.dtype, args.drawn) if args.drawn else spec.stratified(args.dtype, case_budget())[:args.cases]
+    profile, total = cProfile.Profile(), 0.0
     for case in cases:
         start = time.perf_counter()
         profile.enable()
         result = run_case(args.op, case, impl, device)
         profile.disable()
+        total += time.perf_counter() - start
         print(f"{time.perf_counter() - start:7.2f} s  {result.status:<5} {case.label}", flush=True)
-    pstats.Stats(profile).sort_stats("cumulative").print_stats(args.top)
+    print(f"{total:.1f} s for {len(cases)} cases under the {noise_rule()} noise model", flush=True)
+    pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
     return 0
 
 

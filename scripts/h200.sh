@@ -233,6 +233,12 @@ for step in "$@"; do
         done > "$OUT/pytest-thorough-sharded-$impl-h200.log"
         grep -E "^#####|(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-thorough-sharded-$impl-h200.log" | tail -24
       done;;
+    case-profile)  # where a thorough example's time goes: hypothesis-drawn cases at the GPU budget through the engine,
+      # under the derived and the declared noise model (PROFILE_IMPL, PROFILE_OP, PROFILE_DTYPE, PROFILE_CASES)
+      for model in derived declared; do
+        ORACLE_NOISE_MODEL=$model timeout ${PROFILE_TIMEOUT:-150} python3 scripts/case_profile.py --sort tottime --top 40 \
+          --impl ${PROFILE_IMPL:-hf} --op ${PROFILE_OP:-rms_norm} --dtype ${PROFILE_DTYPE:-float32} --drawn ${PROFILE_CASES:-40}
+      done 2>&1 | tee "$OUT/case-profile-${PROFILE_IMPL:-hf}-${PROFILE_OP:-rms_norm}-h200.log" | grep -E " cases under ";;
     noise-tables)  # the derived noise model against the hand-written ones: scale ratios and cost, on the GPU
       timeout ${NOISE_TIMEOUT:-300} python3 scripts/derived_noise_tables.py --device cuda --json "$OUT/derived-noise-h200.json" 2>&1 \
         | tee "$OUT/derived-noise-h200.log" | tail -40;;

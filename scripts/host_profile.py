@@ -1,6 +1,6 @@
 """Where a call's host time goes, on the GPU machine: the floor every implementation pays (autograd,
 one Triton launch by argument count, a custom Function) and a cProfile of the kernels' RMSNorm and
-RoPE forward+backward at Llama-3-8B shapes.
+RoPE forward+backward (and packed RoPE's forward) at Llama-3-8B shapes.
 
     python scripts/host_profile.py            # prints; the note of the performance issue quotes it
 """
@@ -22,7 +22,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kernels
-from oracle.ops.rope import rotary_table
+from oracle.ops.rope import packed_positions, rotary_table
 
 CALLS, LOOPS = 200, 7
 
@@ -87,10 +87,11 @@ def workloads() -> dict:
     K0 = torch.randn(4, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dQ, dK = torch.randn_like(Q0), torch.randn_like(K0)
     cos, sin = rotary_table(4096, 128, 500000.0, device="cuda")
+    positions = packed_positions(4, 4096, torch.Generator().manual_seed(0)).cuda()
 
-    def rope_fwd_bwd():
+    def rope_fwd_bwd(*packed):
         Q, K = Q0.clone(), K0.clone()
-        return torch.autograd.grad(kernels.rope(Q, K, cos, sin), (Q0, K0), (dQ, dK))
+        return torch.autograd.grad(kernels.rope(Q, K, cos, sin, *packed), (Q0, K0), (dQ, dK))
 
     return {
         "rms_norm fwd": lambda: kernels.rms_norm(X.detach(), W.detach(), 1e-6),
@@ -99,6 +100,9 @@ def workloads() -> dict:
         "rms_norm gemma fwd+bwd": lambda: torch.autograd.grad(kernels.rms_norm(X, W, 1e-6, True), (X, W), dY),
         "rope fwd (no autograd)": lambda: kernels.rope(Q0.detach().clone(), K0.detach().clone(), cos, sin),
         "rope fwd+bwd": rope_fwd_bwd,
+        "rope packed fwd (no autograd)": lambda: kernels.rope(Q0.detach().clone(), K0.detach().clone(), cos, sin,
+                                                              positions),
+        "rope packed fwd+bwd": lambda: rope_fwd_bwd(positions),
         "rope's two clones + grad alone": lambda: torch.autograd.grad((Q0.clone(), K0.clone()), (Q0, K0), (dQ, dK)),
     }
 
@@ -109,7 +113,7 @@ def main() -> None:
     calls = workloads()
     for name, fn in calls.items():
         print(f"kernels {name:34s} {host_us(fn):7.1f} us host per call", flush=True)
-    for name in ("rms_norm fwd+bwd", "rope fwd+bwd"):
+    for name in ("rms_norm fwd+bwd", "rope fwd+bwd", "rope packed fwd (no autograd)"):
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(CALLS):
