@@ -118,6 +118,16 @@ Note [HF's own error is room]
     an element may be twice as far from the truth as HF is there. The max-norm floor keeps the model's
     noise alone (HF's error already counts twice there).
 
+Note [One read per verdict]
+    Every number a judgement reads from a tensor (a maximum, a count, the worst element) is a
+    device scalar, and reading one to the host waits for the device. Read one by one, a verdict took
+    about 80 such waits and a case about 400; on a GPU that several test processes share, each wait
+    also waits for the other processes' queued work, and a thorough example took about 1 s where it
+    takes 0.1 s alone. So each judgement queues its scalars by name on a ``Readback`` and the
+    verdict reads them in one transfer, then decides in Python. Two more reads stay: the 99th
+    percentile of the ULP distances (kthvalue's rank depends on how many elements are judged), and
+    the text of a failure of the non-finite placement or of a reference that overflows (rare).
+
 Beside the verdict: max/mean abs error, max rel error, ULP distance to h (max, p99, mean, and a
 histogram; bits reinterpreted per dtype, +0 and -0 equal, NaN vs NaN distance 0, elements with a
 non-finite on either side left out and counted as non-finite mismatches when the classes differ),
@@ -235,16 +245,48 @@ def _nonfinite_class(x: torch.Tensor) -> torch.Tensor:
     return cls
 
 
-def _histogram(ulps: torch.Tensor) -> dict[str, int]:
-    counts, low = {}, -1
+class Readback:
+    """Note [One read per verdict]: device scalars queued by name, then read to the host together."""
+
+    def __init__(self):
+        self.queued: dict[str, torch.Tensor] = {}
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        self.queued[name] = value
+
+    def read(self) -> dict[str, float]:
+        if not self.queued:
+            return {}
+        values = torch.stack([v.detach().reshape(()).to(torch.float64) for v in self.queued.values()]).tolist()
+        return dict(zip(self.queued, values))
+
+
+def _queue_histogram(q: Readback, ulps: torch.Tensor) -> None:
+    """Counts of the judged ULP distances per ULP_BINS bin (unjudged elements are -1, in no bin)."""
+    low = -1
     for label, high in zip(ULP_BINS, _ULP_EDGES + (math.inf,)):
-        counts[label] = int(((ulps > low) & (ulps <= high)).sum())
+        q[f"ulp_bin {label}"] = ((ulps > low) & (ulps <= high)).sum()
         low = high
-    return counts
 
 
 def _index(flat_index: int, shape: tuple[int, ...]) -> list[int]:
-    return [int(i) for i in torch.unravel_index(torch.tensor(flat_index), shape)] if shape else []
+    """The row-major index of the flat_index-th element of a tensor of ``shape``."""
+    index = []
+    for size in reversed(shape):
+        flat_index, i = divmod(flat_index, size)
+        index.append(i)
+    return index[::-1]
+
+
+def _queue_element(q: Readback, prefix: str, flat: torch.Tensor, **tensors: torch.Tensor) -> None:
+    """One element's flat index and its value in each of ``tensors``, queued under ``prefix``."""
+    q[f"{prefix} flat"] = flat
+    for name, x in tensors.items():
+        q[f"{prefix} {name}"] = torch.take(x, flat)
+
+
+def _read_element(v: dict, prefix: str, shape: tuple[int, ...], *names: str) -> dict:
+    return {"index": _index(int(v[f"{prefix} flat"]), shape)} | {name: v[f"{prefix} {name}"] for name in names}
 
 
 def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reordered: torch.Tensor | None = None,
@@ -272,6 +314,7 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
     t = t.detach().to(device=k.device, dtype=torch.float64)
     k64, h64 = k.to(torch.float64), h.to(torch.float64)
     h2 = h_reordered.detach().to(device=k.device, dtype=torch.float64) if h_reordered is not None else None
+    shape, q = tuple(k.shape), Readback()
 
     # Non-finite placement: classes must agree element for element, except where k is the truth
     # correctly rounded to the dtype and that is an infinity HF missed: HF gives NaN for an infinite
@@ -285,74 +328,87 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
     hf_missed_an_infinity = (h_cls <= 1) & (rounded_t_cls >= 2)
     expected_cls = torch.where(reference_nonfinite, torch.zeros_like(h_cls), h_cls)
     nonfinite_mismatch = (k_cls != expected_cls) & ~(hf_missed_an_infinity & (k_cls == rounded_t_cls))
-    n_mismatch = int(nonfinite_mismatch.sum())
-    problems += _nonfinite_problems(nonfinite_mismatch, reference_nonfinite, k_cls, h_cls, k, h, t)
+    q["mismatches"], q["reference nonfinite"] = nonfinite_mismatch.sum(), reference_nonfinite.sum()
+    q["nonfinite k"] = (k_cls != 0).sum()
 
     # Errors against the truth over elements finite everywhere.
     finite = (k_cls == 0) & (h_cls == 0) & torch.isfinite(t)
+    n_finite = finite.sum()
+    q["finite"] = n_finite
     k_err = torch.where(finite, (k64 - t).abs(), 0.0)
     h_err = torch.where(finite, (h64 - t).abs(), 0.0)
-    max_abs, hf_max_abs = _max(k_err), _max(h_err)
-    mean_abs = float(k_err.sum() / max(1, int(finite.sum())))
+    q["max_abs"], q["hf_max_abs"] = _max(k_err), _max(h_err)
+    q["mean_abs"] = k_err.sum() / n_finite.clamp_min(1)
     nonzero_t = finite & (t != 0)
-    max_rel = _max(torch.where(nonzero_t, k_err / t.abs().clamp_min(1e-300), 0.0))
+    q["max_rel"] = _max(torch.where(nonzero_t, k_err / t.abs().clamp_min(1e-300), 0.0))
 
     # Note [The max-norm judgement]
-    scale = _max(torch.where(finite, t.abs(), 0.0))
-    floor = ulp_of(scale, h.dtype)
+    q["scale"] = _max(torch.where(finite, t.abs(), 0.0))
     r_err = None
     if h2 is not None:
         both = finite & torch.isfinite(h2)
         r_err = torch.where(both, (h2 - t).abs(), 0.0)
-        floor += 2 * max(0.0, _max(r_err) - hf_max_abs)
-    floor += sum_noise
-    if element_noise is not None and finite.any():
+        q["r_max_abs"] = _max(r_err)
+    if element_noise is not None:
         # what HF's maths may lose at the tensor's largest terms, where HF happened to lose less
         noise = element_noise.to(device=t.device, dtype=torch.float64).expand(t.shape)
-        floor += _max(torch.where(finite & torch.isfinite(noise), noise, 0.0))
-    bound = 2 * hf_max_abs + floor
-    if max_abs > bound:
-        problems.append(f"max|k-t| = {max_abs:.3g} exceeds 2*max|h-t| + floor = {bound:.3g} "
-                        f"(error ratio {_ratio(max_abs, hf_max_abs):.3g} to HF's)")
+        q["noise_max"] = _max(torch.where(finite & torch.isfinite(noise), noise, 0.0))
 
-    # Distance to HF in its own dtype.
-    ulps = ulp_distance(k, h)[finite]
-    identical = bit_identical(k, h)
+    # Distance to HF in its own dtype, over the judged elements (-1 elsewhere).
+    ulps = torch.where(finite, ulp_distance(k, h), -1.0)
+    q["ulp_max"], q["ulp_sum"] = _max(ulps.clamp_min(0)), ulps.clamp_min(0).sum()
+    _queue_histogram(q, ulps)
+    if k.numel():
+        q["identical"] = bit_identical(k, h).float().mean()
+        first_mismatch = nonfinite_mismatch.flatten().to(torch.uint8).argmax()
+        flat = torch.where(q.queued["mismatches"] > 0, first_mismatch, k_err.flatten().argmax())
+        _queue_element(q, "worst", flat, k=k64, h=h64, t=t)
 
-    if n_mismatch:
-        flat = int(nonfinite_mismatch.flatten().nonzero()[0])
-    else:
-        flat = int(k_err.flatten().argmax()) if k.numel() else 0
-    worst = {"index": _index(flat, tuple(k.shape)), "k": _item(k64, flat), "h": _item(h64, flat), "t": _item(t, flat)} \
-        if k.numel() else {}
-
-    extra = {}
+    conclusions = []
     if element_noise is not None:
         noise = element_noise.to(device=t.device, dtype=torch.float64).expand(t.shape)
         if hf_room:
             noise = torch.maximum(noise, h_err)
-        extra = _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, order_noise,
-                                          h.dtype, problems, typical_room)
+        conclusions.append(_element_and_distribution(q, k64, h64, t, finite, n_finite, k_err, h_err, r_err, noise,
+                                                     order_noise, h.dtype, typical_room))
         if spread is not None:
-            extra |= _spread(t, finite, k_err, h_err, r_err, spread, h.dtype, problems)
-    n_reference = int(reference_nonfinite.sum())
+            conclusions.append(_spread(q, t, finite, k_err, h_err, r_err, spread, h.dtype))
+
+    v = q.read()
+    n, n_mismatch, n_reference = int(v["finite"]), int(v["mismatches"]), int(v["reference nonfinite"])
+    if n_mismatch:
+        problems += _nonfinite_problems(nonfinite_mismatch, reference_nonfinite, k_cls, h_cls, k, h, t)
+    max_abs, hf_max_abs, scale = v["max_abs"], v["hf_max_abs"], v["scale"]
+    floor = ulp_of(scale, h.dtype)
+    if r_err is not None:
+        floor += 2 * max(0.0, v["r_max_abs"] - hf_max_abs)
+    floor += sum_noise + v.get("noise_max", 0.0)
+    bound = 2 * hf_max_abs + floor
+    if max_abs > bound:
+        problems.append(f"max|k-t| = {max_abs:.3g} exceeds 2*max|h-t| + floor = {bound:.3g} "
+                        f"(error ratio {_ratio(max_abs, hf_max_abs):.3g} to HF's)")
+    worst = _read_element(v, "worst", shape, "k", "h", "t") if k.numel() else {}
+
+    extra = {}
+    for conclude in conclusions:
+        extra |= conclude(v, n, problems)
     if n_reference:
         extra |= _against_the_truth_alone(k64, h64, t, reference_nonfinite & (k_cls == 0), element_noise,
                                           h.dtype, problems)
         first = int(reference_nonfinite.flatten().nonzero()[0])
         extra |= {"reference_nonfinite": n_reference,
-                  "reference_worst": {"index": _index(first, tuple(k.shape)), "k": _item(k64, first),
+                  "reference_worst": {"index": _index(first, shape), "k": _item(k64, first),
                                       "h": _item(h64, first), "t": _item(t, first)}}
 
     return TensorVerdict(
-        name=name, dtype=str(h.dtype).removeprefix("torch."), shape=tuple(k.shape),
+        name=name, dtype=str(h.dtype).removeprefix("torch."), shape=shape,
         passed=not problems, reason="; ".join(problems),
-        max_abs=max_abs, mean_abs=mean_abs, max_rel=max_rel, hf_max_abs=hf_max_abs, truth_max_abs=scale,
+        max_abs=max_abs, mean_abs=v["mean_abs"], max_rel=v["max_rel"], hf_max_abs=hf_max_abs, truth_max_abs=scale,
         error_ratio=_ratio(max_abs, hf_max_abs), floor=floor, bound=bound,
-        ulp_max=_max(ulps), ulp_p99=_quantile(ulps, 0.99), ulp_mean=float(ulps.mean()) if ulps.numel() else 0.0,
-        ulp_histogram=_histogram(ulps),
-        bit_identical=float(identical.float().mean()) if k.numel() else 1.0,
-        nonfinite_mismatches=n_mismatch, nonfinite_k=int((k_cls != 0).sum()), worst=worst, **extra,
+        ulp_max=v["ulp_max"], ulp_p99=_judged_quantile(ulps, n, 0.99), ulp_mean=v["ulp_sum"] / n if n else 0.0,
+        ulp_histogram={label: int(v[f"ulp_bin {label}"]) for label in ULP_BINS},
+        bit_identical=v["identical"] if k.numel() else 1.0,
+        nonfinite_mismatches=n_mismatch, nonfinite_k=int(v["nonfinite k"]), worst=worst, **extra,
     )
 
 
@@ -414,7 +470,7 @@ def _against_the_truth_alone(k64, h64, t, judged, element_noise, dtype, problems
             f"{ELEMENT_BOUND:g}x the noise model's scale there; worst "
             f"{describe_element(_index(flat, tuple(t.shape)), _item(k64, flat), _item(h64, flat), _item(t, flat))}, "
             f"error {_item(e_k, flat):.3g}x its scale")
-    return {"reference_element_max": _max(e_k) if bool(judged.any()) else None}  # None: k non-finite at all of them
+    return {"reference_element_max": float(_max(e_k)) if bool(judged.any()) else None}  # None: k non-finite at all of them
 
 
 def ulps_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -423,58 +479,68 @@ def ulps_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return rounding.spacing(t, dtype, saturate=False)
 
 
-def _element_and_distribution(k64, h64, t, finite, k_err, h_err, r_err, noise, order, dtype, problems,
-                              typical_room=None) -> dict:
-    """Note [The per-element judgement] and Note [The distribution judgement]; appends to ``problems``."""
-    scale = ulps_of(t, dtype) + noise
+def _element_and_distribution(q: Readback, k64, h64, t, finite, n_finite, k_err, h_err, r_err, noise, order, dtype,
+                              typical_room=None):
+    """Note [The per-element judgement] and Note [The distribution judgement]: queues its scalars on
+    ``q`` and returns what concludes from them (appending to ``problems``)."""
+    ulp = ulps_of(t, dtype)
+    scale = ulp + noise
     # judged elements only (never divide by 0); an infinite scale leaves its element unjudged
     scale = torch.where(finite & ~scale.isnan(), scale, 1.0)
     e_k, e_h = k_err / scale, h_err / scale
-    n = int(finite.sum())
-    out = {"element_bound": ELEMENT_BOUND, "element_max": _max(e_k), "hf_element_max": _max(e_h)}
-    exceeding = int((e_k > ELEMENT_BOUND).sum())
-    out["element_failures"] = exceeding
-    if n:
-        flat = int(e_k.flatten().argmax())
-        out["element_worst"] = {"index": _index(flat, tuple(t.shape)), "k": _item(k64, flat), "h": _item(h64, flat),
-                                "t": _item(t, flat), "e": _item(e_k, flat), "scale": _item(scale, flat),
-                                "ulp": _item(ulps_of(t, dtype), flat)}
-    if exceeding:
-        w = out["element_worst"]
-        problems.append(
-            f"{exceeding} element(s) ({exceeding / max(1, n):.2%}) off by more than {ELEMENT_BOUND:g}x what HF's maths "
-            f"can do there; worst at {w['index']}: k={w['k']:.6g} h={w['h']:.6g} t={w['t']:.6g}, error "
-            f"{w['e']:.3g}x its scale ({abs(w['k'] - w['t']) / w['ulp']:.3g} ULPs of its own value)")
-
-    def mean(e):
-        return float(e.sum() / n) if n else 0.0
-
-    ulp = ulps_of(t, dtype)
     e_r = r_err / scale if r_err is not None else e_h
-    mean_k, mean_h, mean_r = mean(e_k), mean(e_h), mean(e_r)
+    q["element_max"], q["hf_element_max"] = _max(e_k), _max(e_h)
+    q["element_failures"] = (e_k > ELEMENT_BOUND).sum()
+    if t.numel():
+        _queue_element(q, "element_worst", e_k.flatten().argmax(), k=k64, h=h64, t=t, e=e_k, scale=scale, ulp=ulp)
+
+    n_safe = n_finite.clamp_min(1)
+    means = {side: e.sum() / n_safe for side, e in (("k", e_k), ("h", e_h), ("r", e_r))}
+    for side, mean in means.items():
+        q[f"mean {side}"] = mean
     # One more rounding in the compute dtype moves an element by up to u_c |t|: how much a valid
     # formula with EXTRA_ROUNDINGS more operations than HF's may add to the mean (negligible in 16-bit).
     u_c = rounding.unit_roundoff(rounding.accumulator(dtype))
-    extra = EXTRA_ROUNDINGS * mean(torch.where(finite, u_c * t.abs() / scale, 0.0))
+    extra = EXTRA_ROUNDINGS * (torch.where(finite, u_c * t.abs() / scale, 0.0).sum() / n_safe)
     for room in (order, typical_room):  # a long sum's other orders, and a granted approximation, move it
         if room is not None:
             room = room.to(device=t.device, dtype=torch.float64).expand(t.shape)
-            extra += mean(torch.where(finite & torch.isfinite(room), room / scale, 0.0))
-    # The sampling noise of a mean over n elements. An implementation as accurate as HF may land
-    # anywhere within an element's scale; spread evenly, that is an sd of 1/sqrt(12) in these units,
-    # the floor where HF's own errors happen to agree (one element, or HF exact by luck).
-    spread = max(_sample_sd(e_h, mean_h, finite, n), _sample_sd(e_r, mean_r, finite, n), ONE_ROUNDING_SD)
-    mean_bound = max(mean_h, mean_r) + abs(mean_h - mean_r) + extra + SAMPLING_SDS * spread / math.sqrt(max(1, n))
-    over_k = float(((k_err > ulp) & finite).sum()) / max(1, n)
-    over_h = float(((h_err > ulp) & finite).sum()) / max(1, n)
-    out |= {"mean_error": mean_k, "hf_mean_error": mean_h, "reordered_mean_error": mean_r, "mean_bound": mean_bound,
-            "over_1ulp": over_k, "hf_over_1ulp": over_h}
-    if mean_k > mean_bound:
-        problems.append(
-            f"typical error {mean_k:.3g} (mean over {n} elements, in units of each element's scale) exceeds "
-            f"{mean_bound:.3g}: HF's {mean_h:.3g}, its other valid order's {mean_r:.3g}; precision lost across the "
-            f"tensor ({over_k:.1%} of elements more than 1 ULP off, HF {over_h:.1%})")
-    return out
+            extra = extra + torch.where(finite & torch.isfinite(room), room / scale, 0.0).sum() / n_safe
+    q["mean extra"] = extra
+    q["sd h"], q["sd r"] = _sample_sd(e_h, means["h"], finite, n_finite), _sample_sd(e_r, means["r"], finite, n_finite)
+    q["over_1ulp k"] = ((k_err > ulp) & finite).sum()
+    q["over_1ulp h"] = ((h_err > ulp) & finite).sum()
+
+    def conclude(v: dict, n: int, problems: list) -> dict:
+        exceeding = int(v["element_failures"])
+        out = {"element_bound": ELEMENT_BOUND, "element_max": v["element_max"], "hf_element_max": v["hf_element_max"],
+               "element_failures": exceeding}
+        if n:
+            out["element_worst"] = _read_element(v, "element_worst", tuple(t.shape), "k", "h", "t", "e", "scale", "ulp")
+        if exceeding:
+            w = out["element_worst"]
+            problems.append(
+                f"{exceeding} element(s) ({exceeding / max(1, n):.2%}) off by more than {ELEMENT_BOUND:g}x what HF's "
+                f"maths can do there; worst at {w['index']}: k={w['k']:.6g} h={w['h']:.6g} t={w['t']:.6g}, error "
+                f"{w['e']:.3g}x its scale ({abs(w['k'] - w['t']) / w['ulp']:.3g} ULPs of its own value)")
+        mean_k, mean_h, mean_r = (v[f"mean {side}"] if n else 0.0 for side in "khr")
+        # The sampling noise of a mean over n elements. An implementation as accurate as HF may land
+        # anywhere within an element's scale; spread evenly, that is an sd of 1/sqrt(12) in these units,
+        # the floor where HF's own errors happen to agree (one element, or HF exact by luck).
+        spread = max(v["sd h"], v["sd r"], ONE_ROUNDING_SD)
+        mean_bound = (max(mean_h, mean_r) + abs(mean_h - mean_r) + (v["mean extra"] if n else 0.0)
+                      + SAMPLING_SDS * spread / math.sqrt(max(1, n)))
+        over_k, over_h = v["over_1ulp k"] / max(1, n), v["over_1ulp h"] / max(1, n)
+        out |= {"mean_error": mean_k, "hf_mean_error": mean_h, "reordered_mean_error": mean_r,
+                "mean_bound": mean_bound, "over_1ulp": over_k, "hf_over_1ulp": over_h}
+        if mean_k > mean_bound:
+            problems.append(
+                f"typical error {mean_k:.3g} (mean over {n} elements, in units of each element's scale) exceeds "
+                f"{mean_bound:.3g}: HF's {mean_h:.3g}, its other valid order's {mean_r:.3g}; precision lost across "
+                f"the tensor ({over_k:.1%} of elements more than 1 ULP off, HF {over_h:.1%})")
+        return out
+
+    return conclude
 
 
 @dataclass(frozen=True)
@@ -487,15 +553,13 @@ class Spread:
     terms: int
 
 
-def _spread(t, finite, k_err, h_err, r_err, spread: Spread, dtype, problems) -> dict:
-    """Note [The spread judgement]; appends to ``problems``."""
+def _spread(q: Readback, t, finite, k_err, h_err, r_err, spread: Spread, dtype):
+    """Note [The spread judgement]: queues its scalars on ``q`` and returns what concludes from them
+    (appending to ``problems``)."""
     ulp = ulps_of(t, dtype)
     variance = spread.sd.to(device=t.device, dtype=torch.float64).expand(t.shape).square() + ulp.square() / 12
     judged = finite & torch.isfinite(variance) & (variance > 0)
-    n = int(judged.sum())
-    draws = min(n, int(spread.terms))
-    if draws < SPREAD_MIN_DRAWS:
-        return {}
+    n_judged = judged.sum()
     variance = torch.where(judged, variance, 1.0)
 
     def z2(err):
@@ -503,31 +567,49 @@ def _spread(t, finite, k_err, h_err, r_err, spread: Spread, dtype, problems) -> 
 
     z_k, z_h = z2(k_err), z2(h_err)
     z_r = z2(r_err) if r_err is not None else z_h
-    mean_k, mean_h, mean_r = (float(z.sum()) / n for z in (z_k, z_h, z_r))
+    means = {side: z.sum() / n_judged.clamp_min(1) for side, z in (("k", z_k), ("h", z_h), ("r", z_r))}
+    q["spread n"] = n_judged
+    for side, mean in means.items():
+        q[f"spread {side}"] = mean
+    q["spread sd h"] = _sample_sd(z_h, means["h"], judged, n_judged)
+    q["spread sd r"] = _sample_sd(z_r, means["r"], judged, n_judged)
 
-    spread_sd = max(_sample_sd(z_h, mean_h, judged, n), _sample_sd(z_r, mean_r, judged, n), math.sqrt(2))
-    bound = max(mean_h, mean_r, 1.0) + SAMPLING_SDS * spread_sd / math.sqrt(draws)
-    if mean_k > bound:
-        problems.append(
-            f"error spread {mean_k:.3g} (mean squared error over {n} sums of {spread.terms} terms, in units of the "
-            f"variance a valid evaluation has there) exceeds {bound:.3g}: HF's {mean_h:.3g}, its other valid order's "
-            f"{mean_r:.3g}; a long sum lost precision (partial sums rounded to a narrower dtype?)")
-    return {"spread": mean_k, "hf_spread": mean_h, "reordered_spread": mean_r, "spread_bound": bound}
+    def conclude(v: dict, n_finite: int, problems: list) -> dict:
+        n = int(v["spread n"])
+        draws = min(n, int(spread.terms))
+        if draws < SPREAD_MIN_DRAWS:
+            return {}
+        mean_k, mean_h, mean_r = (v[f"spread {side}"] for side in "khr")
+        spread_sd = max(v["spread sd h"], v["spread sd r"], math.sqrt(2))
+        bound = max(mean_h, mean_r, 1.0) + SAMPLING_SDS * spread_sd / math.sqrt(draws)
+        if mean_k > bound:
+            problems.append(
+                f"error spread {mean_k:.3g} (mean squared error over {n} sums of {spread.terms} terms, in units of "
+                f"the variance a valid evaluation has there) exceeds {bound:.3g}: HF's {mean_h:.3g}, its other valid "
+                f"order's {mean_r:.3g}; a long sum lost precision (partial sums rounded to a narrower dtype?)")
+        return {"spread": mean_k, "hf_spread": mean_h, "reordered_spread": mean_r, "spread_bound": bound}
+
+    return conclude
 
 
-def _sample_sd(x: torch.Tensor, mean: float, judged: torch.Tensor, n: int) -> float:
-    """The sample standard deviation of the ``n`` judged elements of ``x`` around ``mean``."""
-    return float(torch.where(judged, x - mean, 0.0).square().sum().div(max(1, n - 1)).sqrt()) if n > 1 else 0.0
+def _sample_sd(x: torch.Tensor, mean: torch.Tensor, judged: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """The sample standard deviation of the ``n`` judged elements of ``x`` around ``mean`` (0 for
+    fewer than two), on the device."""
+    sd = torch.where(judged, x - mean, 0.0).square().sum().div((n - 1).clamp_min(1)).sqrt()
+    return torch.where(n > 1, sd, 0.0)
 
 
-def _max(x: torch.Tensor) -> float:
-    return float(x.max()) if x.numel() else 0.0
+def _max(x: torch.Tensor) -> torch.Tensor:
+    """The maximum as a device scalar (0 for an empty tensor)."""
+    return x.max() if x.numel() else x.new_zeros((), dtype=torch.float64)
 
 
-def _quantile(x: torch.Tensor, q: float) -> float:
-    if not x.numel():
+def _judged_quantile(x: torch.Tensor, n: int, q: float) -> float:
+    """The q-quantile of the ``n`` judged elements of ``x``, the others being below every judged one
+    (ULP distances are >= 0, the unjudged -1): the rank among the judged counts from the end."""
+    if not n:
         return 0.0
-    k = max(1, math.ceil(q * x.numel()))
+    k = x.numel() - n + max(1, math.ceil(q * n))
     return float(x.flatten().kthvalue(k).values)
 
 
