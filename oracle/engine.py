@@ -525,7 +525,7 @@ def _backward(spec, case, outputs, residuals, leaves, prepared, device, guards, 
     """Backward through ``z = a + y`` per output: the op and the residual branch a share one
     incoming gradient, which must stay intact for a."""
     findings = []
-    upstream, captured = {}, []
+    upstream, captured, residual_expects = {}, [], {}
     for name, out in outputs.items():
         if not out.requires_grad:
             raise TypeError(f"{spec.name}'s output {name} does not require grad; autograd cannot reach the inputs")
@@ -533,6 +533,9 @@ def _backward(spec, case, outputs, residuals, leaves, prepared, device, guards, 
         guards.append(home)
         with torch.no_grad():
             upstream[name] = copy_into(home.tensor, prepared.upstream[name])
+            # what the residual branch must receive: the gradient as handed, in the branch's dtype (an
+            # output whose dtype differs from HF's gets its gradient rounded to that dtype, no corruption)
+            residual_expects[name] = bits(upstream[name].to(prepared.upstream[name].dtype)).clone()
         out.register_hook(lambda g, n=name: captured.append((n, g, bits(g).clone())))
     incoming = Snapshot({"d" + n: t for n, t in upstream.items()})
     with torch.enable_grad():
@@ -546,7 +549,7 @@ def _backward(spec, case, outputs, residuals, leaves, prepared, device, guards, 
             findings.append(Finding("incoming-gradient", "d" + name, "backward",
                                     "the gradient tensor autograd passed in was modified"))
     for name, (leaf, _) in residuals.items():
-        if leaf.grad is None or not torch.equal(bits(leaf.grad), bits(prepared.upstream[name])):
+        if leaf.grad is None or not torch.equal(bits(leaf.grad), residual_expects[name]):
             findings.append(Finding("incoming-gradient", f"residual branch of {name}", "backward",
                                     "the other branch sharing the gradient received a corrupted gradient"))
     grads = {"d" + n: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)) for n, leaf in leaves.items()}

@@ -222,17 +222,18 @@ for step in "$@"; do
       # the ops; EXTRA takes more pytest options (-x); liger's wheel comes from .peers
       shards=${SHARDS:-4}
       for impl in ${SHARDED_IMPLS:-kernels hf compile}; do
-        run=(); [ "$impl" = liger ] && run=(liger_peer)
+        run=(); [[ "$impl" == liger || "$impl" == peers.liger* ]] && run=(liger_peer)
+        name=${impl//[^a-zA-Z0-9_-]/-}  # peers.liger.numbers:impl -> a plain file name
         for seed in $(seq 1 $shards); do
           ( HYPOTHESIS_PROFILE=thorough ORACLE_MAX_EXAMPLES=$((400 / shards)) "${run[@]}" timeout -s INT -k 20 ${THOROUGH_TIMEOUT:-240} \
             python3 -m pytest -n $((16 / shards)) -v -p no:cacheprovider --hypothesis-seed=$seed ${EXTRA:-} \
             tests/test_ops.py -k "matches_hf ${THOROUGH_OPS:+and $THOROUGH_OPS}" --impl $impl \
-            > "/tmp/thorough-$impl-seed$seed.log" 2>&1; echo "thorough $impl seed $seed exit $?" ) &
+            > "/tmp/thorough-$name-seed$seed.log" 2>&1; echo "thorough $impl seed $seed exit $?" ) &
         done; wait
         for seed in $(seq 1 $shards); do  # one log per implementation (a call brings back 8 files at most)
-          echo "##### seed $seed of $shards, $((400 / shards)) examples a test"; cat "/tmp/thorough-$impl-seed$seed.log"
-        done > "$OUT/pytest-thorough-sharded-$impl-h200.log"
-        grep -E "^#####|(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-thorough-sharded-$impl-h200.log" | tail -24
+          echo "##### seed $seed of $shards, $((400 / shards)) examples a test"; cat "/tmp/thorough-$name-seed$seed.log"
+        done > "$OUT/pytest-thorough-sharded-$name-h200.log"
+        grep -E "^#####|(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-thorough-sharded-$name-h200.log" | tail -24
       done;;
     drawn-profile)  # where a thorough example's time goes: hypothesis-drawn cases at the GPU budget through the engine,
       # under the derived and the declared noise model (PROFILE_IMPL, PROFILE_OP, PROFILE_DTYPE, PROFILE_CASES)
