@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import collections
 import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from oracle import compare
 from oracle import reference as R
 from oracle.ops import rms_norm as norm_ops
-from oracle.compare import bit_identical, judge, summation_noise, ulp_distance, ulp_of, ulps_of
+from oracle.compare import Spread, bit_identical, judge, summation_noise, ulp_distance, ulp_of, ulps_of
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 _INT = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
@@ -302,3 +305,39 @@ def test_an_infinity_that_is_the_truth_rounded_passes_where_hf_stayed_finite():
         assert judge("dX", k.half(), h, t).passed == ok, k
     below = torch.tensor([-65519.0, 1.0], dtype=torch.float64)  # rounds to -65504: an infinity is wrong
     assert not judge("dX", torch.tensor([-math.inf, 1.0]).half(), h, below).passed
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts the ops that make the host wait for a device's result: a scalar read, and the ops whose
+    output size depends on the data (a boolean mask's indexing goes through nonzero)."""
+
+    WAITS = ("aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default")
+
+    def __init__(self):
+        super().__init__()
+        self.count = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) in self.WAITS:
+            self.count[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("fails", (False, True), ids=("passing", "failing"))
+def test_a_verdict_reads_the_device_once_beside_its_percentile(monkeypatch, fails):
+    """Note [One read per verdict]: every judgement's scalars in one transfer (``tolist`` of one
+    stacked tensor), plus the 99th percentile's one read; the verdict read one scalar at a time
+    took ~80 host waits."""
+    reads = []
+    read = compare.Readback.read
+    monkeypatch.setattr(compare.Readback, "read", lambda self: reads.append(len(self.queued)) or read(self))
+    t = torch.randn(64, 512, dtype=torch.float64)
+    h = t.to(torch.bfloat16)
+    k = (t * (1.01 if fails else 1.0)).to(torch.bfloat16)
+    noise = t.abs() * 2.0 ** -8
+    with _HostReads() as waits:
+        verdict = judge("Y", k, h, t, h_reordered=h, element_noise=noise, order_noise=noise / 4,
+                        spread=Spread(sd=noise, terms=512))
+    assert verdict.passed is not fails and verdict.spread_bound > 0 and verdict.element_worst
+    assert len(reads) == 1 and reads[0] > 40, reads
+    assert waits.count == {"aten._local_scalar_dense.default": 1}, waits.count  # the percentile

@@ -276,3 +276,15 @@ def test_a_reference_op_the_generic_rule_models_is_named_in_the_verdict(device):
     assert f"noise: the derived model had no exact rule for prims.prod.default ({calls} calls): they were modelled " \
            "by its generic rule" in result.explain()
     assert "generic rule" not in _run(RMS, "kernels", device).explain()  # exact rules only (and a hand-written model)
+
+
+def test_an_output_dtype_unlike_hfs_fails_its_verdict_and_corrupts_no_gradient(device):
+    """The residual branch beside the op receives the gradient handed to backward, rounded to the
+    op's output dtype where that differs from HF's (Liger's and Unsloth's RMSNorm with a float32
+    weight): the verdict names the dtype, and no incoming-gradient finding is made up."""
+    case = Case("rms_norm", "llama", "bfloat16", {"lead": [3, 5], "cols": 64}, params={"eps": 1e-6, "weight": "float32"})
+    broken = run_case(case.op, case, load("tests.broken_impls:output_in_the_inputs_dtype"), device)
+    assert broken.status == "fail" and not broken.findings, broken.findings
+    assert "dtype torch.bfloat16 differs from HF's torch.float32" in broken.verdicts[0].reason
+    correct = run_case(case.op, case, load("hf"), device)
+    assert correct.status == "pass" and not correct.findings

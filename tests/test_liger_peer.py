@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,3 +81,23 @@ def test_float32_cases_pass(peer, op):
     assert peer["verdicts"][op], f"no case of {op} ran"
     for summary, passed, text in peer["verdicts"][op]:
         assert passed, f"{summary}\n{text}"
+
+
+@pytest.mark.parametrize("op", ("rms_norm", "rope", "swiglu"))
+def test_the_numbers_adapter_keeps_ligers_in_place_writes_from_the_caller(op):
+    """peers/liger/numbers.py: where --impl liger fails a case on its in-place writes alone (every
+    numerical judgement ok), the adapter passes the same case, with the same numbers."""
+    from oracle.cases import CPU_BUDGET
+    from oracle.engine import run_case
+    from oracle.impls import load
+    from oracle.ops import SPECS
+
+    adapter = load("peers.liger.numbers:impl")  # first: on a CPU it puts Liger's kernels in the interpreter
+    for case in SPECS[op].stratified("float32", CPU_BUDGET)[:8]:
+        plain = run_case(SPECS[op], case, load("liger"), torch.device("cpu"))
+        if plain.findings:  # Liger writes in place where its layout lets it
+            break
+    assert plain.findings and all(v.passed for v in plain.verdicts), plain.explain()
+    numbers = run_case(SPECS[op], case, adapter, torch.device("cpu"))
+    assert numbers.passed, numbers.explain()
+    assert [v.max_abs for v in numbers.verdicts] == [v.max_abs for v in plain.verdicts]
