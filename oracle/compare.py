@@ -286,6 +286,7 @@ def _queue_element(q: Readback, prefix: str, flat: torch.Tensor, **tensors: torc
 
 
 def _read_element(v: dict, prefix: str, shape: tuple[int, ...], *names: str) -> dict:
+    """What _queue_element queued, read: the element's index and its values by name."""
     return {"index": _index(int(v[f"{prefix} flat"]), shape)} | {name: v[f"{prefix} {name}"] for name in names}
 
 
@@ -470,7 +471,8 @@ def _against_the_truth_alone(k64, h64, t, judged, element_noise, dtype, problems
             f"{ELEMENT_BOUND:g}x the noise model's scale there; worst "
             f"{describe_element(_index(flat, tuple(t.shape)), _item(k64, flat), _item(h64, flat), _item(t, flat))}, "
             f"error {_item(e_k, flat):.3g}x its scale")
-    return {"reference_element_max": float(_max(e_k)) if bool(judged.any()) else None}  # None: k non-finite at all of them
+    # None: k is non-finite at every such element
+    return {"reference_element_max": float(_max(e_k)) if bool(judged.any()) else None}
 
 
 def ulps_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

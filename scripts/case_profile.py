@@ -58,7 +58,10 @@ def main(argv=None) -> int:
         return 2
     impl, device = load(args.impl), default_device()
     spec = SPECS[args.op]
-    cases = drawn(spec, args.dtype, args.drawn) if args.drawn else spec.stratified(args.dtype, case_budget())[:args.cases]
+    if args.drawn:
+        cases = drawn(spec, args.dtype, args.drawn)
+    else:
+        cases = spec.stratified(args.dtype, case_budget())[:args.cases]
     profile, total = cProfile.Profile(), 0.0
     for case in cases:
         start = time.perf_counter()

@@ -6,7 +6,7 @@
 #   bash scripts/h200.sh info tests thorough liger-tests
 #   bash scripts/h200.sh report liger-report bench      # bench: carry liger-kernel's wheel in .whl
 #   bash scripts/h200.sh tune-rms-norm host-profile
-#   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # a thorough example, derived against declared
+#   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # thorough examples, derived vs declared
 #   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
 #   bash scripts/h200.sh unsloth-tests unsloth-report   # .whl holds unsloth and unsloth_zoo 2026.10.9
 #   bash scripts/h200.sh scale sanitize                 # the full sweep + scale grid as the baseline; compute-sanitizer
@@ -238,9 +238,11 @@ for step in "$@"; do
     drawn-profile)  # where a thorough example's time goes: hypothesis-drawn cases at the GPU budget through the engine,
       # under the derived and the declared noise model (PROFILE_IMPL, PROFILE_OP, PROFILE_DTYPE, PROFILE_CASES)
       for model in derived declared; do
-        ORACLE_NOISE_MODEL=$model timeout ${PROFILE_TIMEOUT:-150} python3 scripts/case_profile.py --sort tottime --top 40 \
-          --impl ${PROFILE_IMPL:-hf} --op ${PROFILE_OP:-rms_norm} --dtype ${PROFILE_DTYPE:-float32} --drawn ${PROFILE_CASES:-40}
-      done 2>&1 | tee "$OUT/drawn-profile-${PROFILE_IMPL:-hf}-${PROFILE_OP:-rms_norm}-h200.log" | grep -E " cases under ";;
+        ORACLE_NOISE_MODEL=$model timeout ${PROFILE_TIMEOUT:-150} python3 scripts/case_profile.py --sort tottime \
+          --top 40 --impl ${PROFILE_IMPL:-hf} --op ${PROFILE_OP:-rms_norm} --dtype ${PROFILE_DTYPE:-float32} \
+          --drawn ${PROFILE_CASES:-40}
+      done 2>&1 | tee "$OUT/drawn-profile-${PROFILE_IMPL:-hf}-${PROFILE_OP:-rms_norm}-h200.log" \
+        | grep -E " cases under ";;
     noise-tables)  # the derived noise model against the hand-written ones: scale ratios and cost, on the GPU
       timeout ${NOISE_TIMEOUT:-300} python3 scripts/derived_noise_tables.py --device cuda --json "$OUT/derived-noise-h200.json" 2>&1 \
         | tee "$OUT/derived-noise-h200.log" | tail -40;;

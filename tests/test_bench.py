@@ -241,6 +241,28 @@ def test_host_loop_timer_separates_issuing_from_draining():
     assert loop == pytest.approx((3 + 6) / 3)
 
 
+def test_competitors_loops_are_taken_in_turn_each_round_in_another_order():
+    now, ran = [0.0], []
+
+    def clock():
+        return now[0]
+
+    def competitor(name, ms):
+        def call():
+            now[0] += ms * 1e-3
+            if not ran or ran[-1] != name:
+                ran.append(name)
+        return call
+
+    fns = {name: competitor(name, ms) for name, ms in (("kernels", 1.0), ("compile", 2.0), ("eager", 4.0))}
+    walls = bench.interleaved_host_and_loop_ms(fns, lambda: None, calls=3, loops=4, clock=clock)
+    assert {name: pytest.approx(wall) for name, wall in walls.items()} == {
+        "kernels": (1.0, 1.0), "compile": (2.0, 2.0), "eager": (4.0, 4.0)}
+    rounds = [ran[3 + 3 * i:3 + 3 * (i + 1)] for i in range(4)]  # after the three warm-up calls
+    assert rounds == [["kernels", "compile", "eager"], ["compile", "eager", "kernels"],
+                      ["eager", "kernels", "compile"], ["kernels", "compile", "eager"]]
+
+
 # --- the run's plumbing, on stub workloads ------------------------------------------------------
 
 
@@ -270,7 +292,8 @@ def stub_run(monkeypatch):
     monkeypatch.setattr(bench, "median_ms", lambda fn: (fn(), 1.0)[1])
     monkeypatch.setattr(bench, "graph_ms", lambda fn: (fn(), 0.5)[1])
     monkeypatch.setattr(bench, "peak_mb", lambda fn: (fn(), 3.0)[1])
-    monkeypatch.setattr(bench, "host_and_loop_ms", lambda fn, sync: (fn(), (0.1, 0.7))[1])
+    monkeypatch.setattr(bench, "interleaved_host_and_loop_ms",
+                        lambda fns, sync, *rest: {name: (fn(), (0.1, 0.7))[1] for name, fn in fns.items()})
     monkeypatch.setattr(bench, "forget_compiled", lambda: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     return bench.run

@@ -282,7 +282,8 @@ def test_an_output_dtype_unlike_hfs_fails_its_verdict_and_corrupts_no_gradient(d
     """The residual branch beside the op receives the gradient handed to backward, rounded to the
     op's output dtype where that differs from HF's (Liger's and Unsloth's RMSNorm with a float32
     weight): the verdict names the dtype, and no incoming-gradient finding is made up."""
-    case = Case("rms_norm", "llama", "bfloat16", {"lead": [3, 5], "cols": 64}, params={"eps": 1e-6, "weight": "float32"})
+    case = Case("rms_norm", "llama", "bfloat16", {"lead": [3, 5], "cols": 64},
+                params={"eps": 1e-6, "weight": "float32"})
     broken = run_case(case.op, case, load("tests.broken_impls:output_in_the_inputs_dtype"), device)
     assert broken.status == "fail" and not broken.findings, broken.findings
     assert "dtype torch.bfloat16 differs from HF's torch.float32" in broken.verdicts[0].reason

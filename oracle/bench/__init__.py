@@ -122,19 +122,33 @@ def host_and_loop_ms(fn: Callable, synchronize: Callable[[], None], calls: int =
     """(host, loop) milliseconds per call, medians over ``loops`` loops of ``calls`` calls issued without
     synchronising, after one warm-up call. host: until the last call returned (the CPU's cost of issuing
     one); loop: until ``synchronize`` returned too (steady-state wall per call, as a training loop sees it)."""
-    fn()
-    host, loop = [], []
-    for _ in range(loops):
-        synchronize()
-        start = clock()
-        for _ in range(calls):
-            fn()
-        issued = clock()
-        synchronize()
-        done = clock()
-        host.append((issued - start) / calls * 1e3)
-        loop.append((done - start) / calls * 1e3)
-    return statistics.median(host), statistics.median(loop)
+    return interleaved_host_and_loop_ms({"": fn}, synchronize, calls, loops, clock)[""]
+
+
+def interleaved_host_and_loop_ms(fns: dict[str, Callable], synchronize: Callable[[], None],
+                                 calls: int = HOST_CALLS, loops: int = HOST_LOOPS,
+                                 clock: Callable[[], float] = time.perf_counter) -> dict[str, tuple[float, float]]:
+    """host_and_loop_ms for several competitors at once, their loops taken in turn (each round in
+    another order), so that a drift of the machine over a run (another process, the clocks) falls
+    on all of them alike rather than on whichever ran during it: host-bound loop times of one code
+    moved by a third between runs on the H200 (docs/performance.md). Medians per competitor."""
+    for fn in fns.values():
+        fn()
+    host = {name: [] for name in fns}
+    loop = {name: [] for name in fns}
+    names = list(fns)
+    for round_ in range(loops):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            synchronize()
+            start = clock()
+            for _ in range(calls):
+                fns[name]()
+            issued = clock()
+            synchronize()
+            done = clock()
+            host[name].append((issued - start) / calls * 1e3)
+            loop[name].append((done - start) / calls * 1e3)
+    return {name: (statistics.median(host[name]), statistics.median(loop[name])) for name in fns}
 
 
 def peak_mb(fn: Callable) -> float:
@@ -173,34 +187,50 @@ class Overhead:
 
 
 def measure(work: Workload) -> list[Timing]:
-    """Forward is timed without autograd (inference: the kernel alone); forward+backward with it."""
+    """Forward is timed without autograd (inference: the kernel alone); forward+backward with it. The
+    wall loops of every competitor are taken in turn (interleaved_host_and_loop_ms), after the rest."""
     forget_compiled()
     sync = torch.cuda.synchronize
     extra = Overhead.of(work)
-    out = []
+    timings = {}
     for impl in dict.fromkeys([*work.forward, *work.forward_backward]):
-        t = Timing(work.op, work.label, str(work.dtype).removeprefix("torch."), impl, op_variant=work.variant,
-                   width=work.width, fwd_bytes=work.fwd_bytes, fwd_bwd_bytes=work.fwd_bwd_bytes)
+        t = timings[impl] = Timing(work.op, work.label, str(work.dtype).removeprefix("torch."), impl,
+                                   op_variant=work.variant, width=work.width, fwd_bytes=work.fwd_bytes,
+                                   fwd_bwd_bytes=work.fwd_bwd_bytes)
         try:
             if impl in work.forward:
                 fn = work.forward[impl]
                 with torch.no_grad():
                     t.fwd_ms = median_ms(fn)
                     t.fwd_gpu_ms = graph_ms(fn)
-                    t.fwd_host_ms, t.fwd_loop_ms = host_and_loop_ms(fn, sync)
             if impl in work.forward_backward:
                 fn = work.forward_backward[impl]
                 t.fwd_bwd_ms = median_ms(fn) - extra.wall
                 gpu = graph_ms(fn)
                 t.fwd_bwd_gpu_ms = gpu - extra.gpu if gpu is not None else None
-                host, loop = host_and_loop_ms(fn, sync)
-                t.fwd_bwd_host_ms, t.fwd_bwd_loop_ms = host - extra.host, loop - extra.loop
                 t.peak_mb = peak_mb(fn) - extra.mb
         except Exception as exc:  # noqa: BLE001 - one competitor failing must not lose the others
             t.note = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
-        out.append(t)
+    working = [impl for impl, t in timings.items() if not t.note]
+    with torch.no_grad():
+        for impl, (host, loop) in _wall(work.forward, working, sync).items():
+            timings[impl].fwd_host_ms, timings[impl].fwd_loop_ms = host, loop
+    for impl, (host, loop) in _wall(work.forward_backward, working, sync).items():
+        timings[impl].fwd_bwd_host_ms, timings[impl].fwd_bwd_loop_ms = host - extra.host, loop - extra.loop
+    out = list(timings.values())
     torch.cuda.empty_cache()
     return out
+
+
+def _wall(fns: dict[str, Callable], impls: list[str], sync) -> dict[str, tuple[float, float]]:
+    """Interleaved host and loop times of those of ``impls`` in ``fns``; {} if one of them fails (the
+    figures taken before stand, the wall columns stay empty)."""
+    chosen = {impl: fns[impl] for impl in impls if impl in fns}
+    try:
+        return interleaved_host_and_loop_ms(chosen, sync) if chosen else {}
+    except Exception as exc:  # noqa: BLE001 - the other columns are measured already
+        print(f"  (no wall times: {type(exc).__name__}: {str(exc)[:120]})", flush=True)
+        return {}
 
 
 # --- the cost of rope's position range check ------------------------------------------------------
