@@ -137,6 +137,7 @@ ratio max|k - t| / max|h - t|.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -257,16 +258,30 @@ class Readback:
     def read(self) -> dict[str, float]:
         if not self.queued:
             return {}
-        values = torch.stack([v.detach().reshape(()).to(torch.float64) for v in self.queued.values()]).tolist()
-        return dict(zip(self.queued, values))
+        # one stack per dtype, then one cast: a few kernels, not two per scalar
+        by_dtype: dict[torch.dtype, list[str]] = {}
+        for name, value in self.queued.items():
+            by_dtype.setdefault(value.dtype, []).append(name)
+        with torch.no_grad():  # every queued value is a 0-d tensor
+            stacked = [torch.stack([self.queued[name] for name in names]).to(torch.float64) for names in by_dtype.values()]
+            values = torch.cat(stacked).tolist()
+        return dict(zip([name for names in by_dtype.values() for name in names], values))
 
 
 def _queue_histogram(q: Readback, ulps: torch.Tensor) -> None:
     """Counts of the judged ULP distances per ULP_BINS bin (unjudged elements are -1, in no bin)."""
-    low = -1
-    for label, high in zip(ULP_BINS, _ULP_EDGES + (math.inf,)):
-        q[f"ulp_bin {label}"] = ((ulps > low) & (ulps <= high)).sum()
-        low = high
+    # bin i holds (edge[i-1], edge[i]]: the number of upper edges below a distance is its bin
+    bins = torch.bucketize(ulps.flatten(), _ulp_edges(ulps.device), right=False)
+    counts = torch.zeros(len(ULP_BINS) + 1, dtype=torch.int64, device=ulps.device)
+    counts.scatter_add_(0, torch.where(ulps.flatten() < 0, len(ULP_BINS), bins), torch.ones_like(bins))
+    for i, label in enumerate(ULP_BINS):
+        q[f"ulp_bin {label}"] = counts[i]
+
+
+@functools.lru_cache(maxsize=None)
+def _ulp_edges(device: torch.device) -> torch.Tensor:
+    """_ULP_EDGES on a device, made once: a copy from the host per verdict would wait for the device."""
+    return torch.tensor(_ULP_EDGES, dtype=torch.float64, device=device)
 
 
 def _index(flat_index: int, shape: tuple[int, ...]) -> list[int]:
