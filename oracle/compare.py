@@ -263,7 +263,8 @@ class Readback:
         for name, value in self.queued.items():
             by_dtype.setdefault(value.dtype, []).append(name)
         with torch.no_grad():  # every queued value is a 0-d tensor
-            stacked = [torch.stack([self.queued[name] for name in names]).to(torch.float64) for names in by_dtype.values()]
+            stacked = [torch.stack([self.queued[name] for name in names]).to(torch.float64)
+                       for names in by_dtype.values()]
             values = torch.cat(stacked).tolist()
         return dict(zip([name for names in by_dtype.values() for name in names], values))
 
