@@ -3,7 +3,6 @@ train at and, for some, a sweep across widths. GPU only; nothing here runs at im
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -59,21 +58,12 @@ def randn_cuda(*shape, dtype, requires_grad=False) -> torch.Tensor:
     return torch.randn(*shape, device="cuda", dtype=dtype).requires_grad_(requires_grad)
 
 
-@functools.cache
-def _compile_setup() -> None:
-    import torch._dynamo
-
-    # Every shape and dtype compiles a graph of its own; past the default limit torch.compile would
-    # fall back to eager without a word and the comparison would be against the wrong thing.
-    for limit in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, limit):
-            setattr(torch._dynamo.config, limit, 256)
-
-
 def compiled(fn: Callable) -> Callable:
     """torch.compile of ``fn`` at static shapes, as a model step that only ever sees one shape compiles
     it (without ``dynamic=False`` the second shape would make dynamo recompile for dynamic shapes)."""
-    _compile_setup()
+    from .impls import compile_every_case  # not at import: impls loads the op modules, which load this one
+
+    compile_every_case()
     return torch.compile(fn, dynamic=False)
 
 

@@ -351,3 +351,42 @@ def test_the_check_runs_once_per_op_variant_and_dtype(device):
     again = _findings(impl, second, device)
     assert found and [f.tensor for f in again] == [f.tensor for f in found]
     assert all(f"found on {first.label}" in f.message for f in again)
+
+
+# --- --impl compile: a graph for every case -------------------------------------------------------
+
+
+def _graphs_of(fn, inputs) -> int:
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    for x in inputs:
+        fn(x)
+    return counters["stats"]["unique_graphs"] - before
+
+
+def test_the_compile_implementation_compiles_every_case_and_never_falls_back_to_eager():
+    """Past dynamo's default of 8 recompiles of one function, torch.compile runs it eagerly with one
+    log line (oracle/impls.py, compile_every_case): ``--impl compile`` then judged HF's eager code.
+    Twelve ranks are twelve graphs once the implementation is loaded, and a limit that is reached
+    anyway is an error, not eager code."""
+    import torch._dynamo
+
+    load("compile")
+    ranks = [torch.ones([2] * rank) for rank in range(1, 13)]
+    assert _graphs_of(torch.compile(lambda x: x * 2, backend="eager", dynamic=True), ranks) == 12
+    with mock.patch.object(torch._dynamo.config, "recompile_limit", 2):
+        limited = torch.compile(lambda x: x * 3, backend="eager", dynamic=True)
+        with pytest.raises(Exception, match="recompile_limit"):
+            _graphs_of(limited, ranks)
+
+
+def test_dynamos_default_falls_back_to_eager_after_eight_graphs():
+    """The other side: at dynamo's defaults the ninth rank on runs eagerly, silently (what the test
+    above rules out)."""
+    import torch._dynamo
+
+    ranks = [torch.ones([2] * rank) for rank in range(1, 13)]
+    with mock.patch.object(torch._dynamo.config, "recompile_limit", 8), \
+            mock.patch.object(torch._dynamo.config, "fail_on_recompile_limit_hit", False):
+        assert _graphs_of(torch.compile(lambda x: x * 5, backend="eager", dynamic=True), ranks) == 8
