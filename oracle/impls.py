@@ -49,6 +49,7 @@ import torch
 from . import interpreter
 from .declare import DeclarationError
 from .ops import SPECS
+from .workload import compile_every_case
 
 # What an implementation may declare beside its ops, and the form of each.
 ATTRIBUTES = {
@@ -252,24 +253,6 @@ def scalar_inductor_on_a_default_cpu() -> None:
         import torch._inductor.config as inductor
 
         inductor.cpp.simdlen = 1
-
-
-@functools.cache
-def compile_every_case() -> None:
-    """torch.compile as the harness uses it (``--impl compile``, the benchmark's peers): a graph for
-    every case, never eager code in its place. Past dynamo's default of 8 recompiles of a function
-    (a new rank, a size of 1, another layout or eps each recompile) torch.compile runs the function
-    eagerly, with one log line: ``--impl compile`` judged HF's eager code from the 9th of 40 drawn
-    rms_norm cases on (CPU, derandomized draws), and a thorough run almost throughout. So the limits
-    are raised far past what a run draws, and reaching one anyway is an error the case reports."""
-    import torch._dynamo.config as dynamo
-
-    for limit, value in (("recompile_limit", 1024), ("cache_size_limit", 1024),
-                         ("accumulated_recompile_limit", 65536)):
-        if hasattr(dynamo, limit):
-            setattr(dynamo, limit, value)
-    if hasattr(dynamo, "fail_on_recompile_limit_hit"):
-        dynamo.fail_on_recompile_limit_hit = True
 
 
 def _compile():

@@ -367,7 +367,7 @@ def _graphs_of(fn, inputs) -> int:
 
 def test_the_compile_implementation_compiles_every_case_and_never_falls_back_to_eager():
     """Past dynamo's default of 8 recompiles of one function, torch.compile runs it eagerly with one
-    log line (oracle/impls.py, compile_every_case): ``--impl compile`` then judged HF's eager code.
+    log line (oracle/workload.py, compile_every_case): ``--impl compile`` then judged HF's eager code.
     Twelve ranks are twelve graphs once the implementation is loaded, and a limit that is reached
     anyway is an error, not eager code."""
     import torch._dynamo
