@@ -65,9 +65,10 @@ def compile_every_case() -> None:
     """torch.compile as the harness uses it (``--impl compile``, the benchmark's peers): a graph for
     every case, never eager code in its place. Past dynamo's default of 8 recompiles of a function
     (a new rank, a size of 1, another layout or eps each recompile) torch.compile runs the function
-    eagerly, with one log line: ``--impl compile`` judged HF's eager code from the 9th of 40 drawn
-    rms_norm cases on (CPU, derandomized draws), and a thorough run almost throughout. So the limits
-    are raised far past what a run draws, and reaching one anyway is an error the case reports."""
+    eagerly, with one log line: for 40 drawn rms_norm cases (CPU, derandomized draws) ``--impl
+    compile`` compiled 11 graphs and judged HF's eager code in the cases past the limit; with the
+    limits raised, 29 graphs. So the limits are raised far past what a run draws, and reaching one
+    anyway is an error the case reports."""
     import torch._dynamo.config as dynamo
 
     for limit, value in (("recompile_limit", 1024), ("cache_size_limit", 1024),
