@@ -345,7 +345,8 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
     hf_missed_an_infinity = (h_cls <= 1) & (rounded_t_cls >= 2)
     expected_cls = torch.where(reference_nonfinite, torch.zeros_like(h_cls), h_cls)
     nonfinite_mismatch = (k_cls != expected_cls) & ~(hf_missed_an_infinity & (k_cls == rounded_t_cls))
-    q["mismatches"], q["reference nonfinite"] = nonfinite_mismatch.sum(), reference_nonfinite.sum()
+    n_mismatch_on_device = nonfinite_mismatch.sum()
+    q["mismatches"], q["reference nonfinite"] = n_mismatch_on_device, reference_nonfinite.sum()
     q["nonfinite k"] = (k_cls != 0).sum()
 
     # Errors against the truth over elements finite everywhere.
@@ -366,24 +367,25 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
         both = finite & torch.isfinite(h2)
         r_err = torch.where(both, (h2 - t).abs(), 0.0)
         q["r_max_abs"] = _max(r_err)
-    if element_noise is not None:
+    noise = element_noise.to(device=t.device, dtype=torch.float64).expand(t.shape) \
+        if element_noise is not None else None
+    if noise is not None:
         # what HF's maths may lose at the tensor's largest terms, where HF happened to lose less
-        noise = element_noise.to(device=t.device, dtype=torch.float64).expand(t.shape)
         q["noise_max"] = _max(torch.where(finite & torch.isfinite(noise), noise, 0.0))
 
     # Distance to HF in its own dtype, over the judged elements (-1 elsewhere).
     ulps = torch.where(finite, ulp_distance(k, h), -1.0)
-    q["ulp_max"], q["ulp_sum"] = _max(ulps.clamp_min(0)), ulps.clamp_min(0).sum()
+    judged_ulps = ulps.clamp_min(0)
+    q["ulp_max"], q["ulp_sum"] = _max(judged_ulps), judged_ulps.sum()
     _queue_histogram(q, ulps)
     if k.numel():
         q["identical"] = bit_identical(k, h).float().mean()
         first_mismatch = nonfinite_mismatch.flatten().to(torch.uint8).argmax()
-        flat = torch.where(q.queued["mismatches"] > 0, first_mismatch, k_err.flatten().argmax())
+        flat = torch.where(n_mismatch_on_device > 0, first_mismatch, k_err.flatten().argmax())
         _queue_element(q, "worst", flat, k=k64, h=h64, t=t)
 
     conclusions = []
-    if element_noise is not None:
-        noise = element_noise.to(device=t.device, dtype=torch.float64).expand(t.shape)
+    if noise is not None:
         if hf_room:
             noise = torch.maximum(noise, h_err)
         conclusions.append(_element_and_distribution(q, k64, h64, t, finite, n_finite, k_err, h_err, r_err, noise,

@@ -68,8 +68,9 @@ def main(argv=None) -> int:
         profile.enable()
         result = run_case(args.op, case, impl, device)
         profile.disable()
-        total += time.perf_counter() - start
-        print(f"{time.perf_counter() - start:7.2f} s  {result.status:<5} {case.label}", flush=True)
+        elapsed = time.perf_counter() - start
+        total += elapsed
+        print(f"{elapsed:7.2f} s  {result.status:<5} {case.label}", flush=True)
     print(f"{total:.1f} s for {len(cases)} cases under the {noise_rule()} noise model", flush=True)
     pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
     return 0

@@ -94,8 +94,9 @@ def test_the_numbers_adapter_keeps_ligers_in_place_writes_from_the_caller(op):
     from oracle.impls import load
 
     adapter = load("peers.liger.numbers:impl")  # first: on a CPU it puts Liger's kernels in the interpreter
+    liger = load("liger")
     for case in SPECS[op].stratified("float32", CPU_BUDGET)[:8]:
-        plain = run_case(SPECS[op], case, load("liger"), torch.device("cpu"))
+        plain = run_case(SPECS[op], case, liger, torch.device("cpu"))
         if plain.findings:  # Liger writes in place where its layout lets it
             break
     assert plain.findings and all(v.passed for v in plain.verdicts), plain.explain()
