@@ -95,7 +95,8 @@ def _rope_kernel(
     cos_ptr, cos_row_stride, cos_col_stride,  # table (max_pos, head_dim)
     sin_ptr, sin_row_stride, sin_col_stride,
     pos_ptr, pos_b_stride, pos_s_stride,  # (batch, seq) table row per token, if HAS_POSITIONS
-    seq_len, n_heads, n_kv_heads, half_dim,
+    inside_ptr,  # one int32, 1 until a position falls outside the table (Note [The range check in the kernel])
+    max_pos, seq_len, n_heads, n_kv_heads, half_dim,
     HAS_POSITIONS: tl.constexpr,
     BACKWARD_PASS: tl.constexpr,  # rotate back: the same kernel with sin negated
     COMPUTE: tl.constexpr,
@@ -110,9 +111,14 @@ def _rope_kernel(
     col_mask = cols < half_dim
     dtype: tl.constexpr = Qout_ptr.dtype.element_ty
 
-    # The token's table row, cast to the model dtype as HF's rotary embedding does.
+    # The token's table row, cast to the model dtype as HF's rotary embedding does. A position outside
+    # the table clears the flag, reads row 0 instead of past the table, and writes nothing.
     if HAS_POSITIONS:
         pos = tl.load(pos_ptr + b * pos_b_stride + s * pos_s_stride).to(tl.int64)
+        inside = (pos >= 0) & (pos < max_pos)
+        tl.store(inside_ptr, 0, mask=~inside)
+        pos = tl.where(inside, pos, 0)
+        col_mask = cols < tl.where(inside, half_dim, 0)  # (a scalar & a block: Triton's interpreter errs)
     else:
         pos = s
     cos_row = cos_ptr + pos * cos_row_stride
@@ -146,17 +152,21 @@ def _launch(Q_in, Q_out, K_in, K_out, cos, sin, position_ids, backward: bool) ->
     has_positions = position_ids is not None
     pos = position_ids if has_positions else cos  # any tensor; never read without HAS_POSITIONS
     pos_strides = position_ids.stride() if has_positions else (0, 0)
+    # the flag of Note [The range check in the kernel]; without positions any tensor, never written
+    inside = _inside_flag(Q_out.device) if has_positions else cos
     grid = (batch * seq, cdiv(n_heads, GROUP_SIZE))
     with launching():
         _rope_kernel[grid](
             Q_in, *Q_in.stride(), Q_out, *Q_out.stride(), K_in, *K_in.stride(), K_out, *K_out.stride(),
-            cos, *cos.stride(), sin, *sin.stride(), pos, *pos_strides,
-            seq, n_heads, n_kv_heads, half,
+            cos, *cos.stride(), sin, *sin.stride(), pos, *pos_strides, inside,
+            cos.shape[0], seq, n_heads, n_kv_heads, half,
             HAS_POSITIONS=has_positions, BACKWARD_PASS=backward,
             COMPUTE=TL_COMPUTE[_checks.compute_dtype(Q_out)], GROUP_SIZE=GROUP_SIZE, BLOCK_HALF=block_half,
             num_warps=rope_warps(block_half),
             enable_fp_fusion=False,  # a fused multiply-add would skip one of HF's roundings
         )
+    if has_positions:  # on the CPU the positions were checked before the launch, and this reads 1
+        _assert_on_device(inside, _OUTSIDE_THE_TABLE)
 
 
 def rope_warps(block_half: int) -> int:
@@ -317,19 +327,14 @@ def require_positions_in_table(position_ids: torch.Tensor, max_pos: int) -> None
 
     Checked on every call: a verdict remembered between calls could be bypassed by writes that no
     version counter sees (through ``.data``, numpy, DLPack or another kernel). On the CPU one fused
-    min/max and a host read raise ValueError. On a GPU the check stays on the device, in stream
-    order before the kernel (``_assert_on_device``): a host read there would wait for every queued
-    kernel and stall the launch queue on every call (29-36 us per call on the H200, and RoPE's
-    packed forward at Llama-3-8B shapes 0.155 ms instead of 0.090). An out-of-range position stops
-    the stream with a device-side assert before the kernel runs, as torch's own indexing does
-    (HF's ``cos[position_ids]``): never a wrong result, never a read past the table.
+    min/max and a host read raise ValueError before the launch. On a GPU the kernel checks each
+    token's position as it loads it (Note [The range check in the kernel]).
     """
     if position_ids.numel() == 0:
         return
-    if max_pos == 0:  # an empty table has no row to name (and nothing to divide by below)
+    if max_pos == 0:  # an empty table has no row to name
         raise ValueError("position_ids outside the table: cos and sin have 0 rows")
     if position_ids.is_cuda:
-        _assert_on_device(all_in_table(position_ids, max_pos), _OUTSIDE_THE_TABLE)
         return
     low, high = torch.stack(torch.aminmax(position_ids)).tolist()
     if low < 0 or high >= max_pos:
@@ -338,19 +343,39 @@ def require_positions_in_table(position_ids: torch.Tensor, max_pos: int) -> None
 
 _OUTSIDE_THE_TABLE = "position_ids outside the table's rows"
 
+# Note [The range check in the kernel]
+#     On a GPU a host read of the positions' range would wait for every queued kernel and stall the
+#     launch queue on every call (29-36 us per call on the H200; RoPE's packed forward at Llama-3-8B
+#     shapes 0.155 ms instead of 0.090), and checking on the device before the launch took three
+#     small kernels (about 10 us of GPU time a call). So the rotation kernel checks each token's
+#     position as it loads it: a token outside the table reads row 0 instead of past the table,
+#     writes nothing, and clears a one-element flag of its call; a device-side assertion on the flag
+#     follows the launch in stream order (also inside CUDA-graph capture, where it runs on every
+#     replay). The assertion stops the stream at the next synchronisation ("device-side assert
+#     triggered", as torch's own indexing gives for HF's ``cos[position_ids]``), and a CUDA context
+#     that has asserted can run and read nothing more, so the tokens rotated before it are never
+#     seen. The flag is allocated and set per call: one kept per device would, if first allocated
+#     while a CUDA graph is recorded or warmed up (torch.compile's reduce-overhead), live in the
+#     graph's private memory pool, which may hand its memory to another tensor later.
 
-def all_in_table(position_ids: torch.Tensor, max_pos: int) -> torch.Tensor:
-    """A one-element bool tensor, on position_ids' device: every position in [0, max_pos)? (Three
-    small kernels, no host read: a position's floor quotient by max_pos is 0 exactly there, -1 or
-    less below, 1 or more past the end.)"""
-    return torch.all(torch.floor_divide(position_ids, max_pos) == 0)
+
+def _inside_flag(device: torch.device) -> torch.Tensor:
+    return torch.ones(1, dtype=torch.int32, device=device)
 
 
-def _assert_on_device(condition: torch.Tensor, message: str) -> None:
-    """A device-side assertion of a one-element bool tensor, queued on the current stream (also
-    inside CUDA-graph capture, where it runs on every replay). tests/test_bad_inputs.py swaps it for
-    a host read, to check the condition without losing the process's CUDA context."""
-    torch._assert_async(condition, message)
+def range_check_outside_the_kernel(position_ids: torch.Tensor, max_pos: int) -> None:
+    """What the range check costs a call beside the rotation kernel's own comparisons (the benchmark
+    times it): on the CPU the check before the launch; on a GPU the flag and its assertion."""
+    require_positions_in_table(position_ids, max_pos)
+    if position_ids.is_cuda:
+        _assert_on_device(_inside_flag(position_ids.device), _OUTSIDE_THE_TABLE)
+
+
+def _assert_on_device(inside: torch.Tensor, message: str) -> None:
+    """A device-side assertion that the flag is still 1, queued on the current stream.
+    tests/test_bad_inputs.py swaps it for a host read, to check the flag without losing the
+    process's CUDA context."""
+    torch._assert_async(inside, message)
 
 
 def _require_safe_memory(Q, K, cos, sin, position_ids, writes: bool) -> None:
@@ -435,8 +460,9 @@ def rope(Q: torch.Tensor, K: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     dtype; cos, sin: (max_pos, head_dim) tables as HF builds them, fp32 or the model dtype (rows are
     cast to Q's dtype, as HF does); position_ids: (batch, seq) table rows per token (packed
     sequences restart inside a row), int64 or int32, (1, seq) for the same positions in every row,
-    None for 0..seq-1 in every row; their range is checked on every call (on the CPU a ValueError; on
-    a GPU, without a host sync, a device-side assert that stops the stream before the kernel runs).
+    None for 0..seq-1 in every row; their range is checked on every call (on the CPU a ValueError
+    before the launch; on a GPU by the kernel itself, without a host sync: a device-side assert right
+    after it stops the stream, and no token outside the table is read or written).
 
     Returns Q and K themselves, rotated. Q and K are overwritten (``CLOBBERS["rope"]``): a caller who
     still needs the originals passes copies; they must not share memory with each other or any other

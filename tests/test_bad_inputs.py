@@ -27,12 +27,12 @@ from tests.test_kernels import no_launch, refuse_launches  # noqa: F401  (no_lau
 
 @pytest.fixture(autouse=True)
 def positions_checked_on_the_host(monkeypatch):
-    """On a GPU, RoPE's position range check is a device-side assertion (kernels/rope.py,
-    ``require_positions_in_table``), which would end this process's CUDA context. Here the same
-    condition, computed on the device on every call, is read to the host and raises the assertion's
-    message; test_a_position_outside_the_table_stops_the_gpu_stream runs the real assertion."""
-    def read_on_the_host(condition, message):
-        if not bool(condition):
+    """On a GPU, RoPE's kernel checks the positions' range and a device-side assertion on its flag
+    follows (kernels/rope.py, Note [The range check in the kernel]), which would end this process's
+    CUDA context. Here the flag is read to the host and raises the assertion's message;
+    test_a_position_outside_the_table_stops_the_gpu_stream runs the real assertion."""
+    def read_on_the_host(inside, message):
+        if not bool(inside):
             raise ValueError(message)
 
     monkeypatch.setattr(sys.modules["kernels.rope"], "_assert_on_device", read_on_the_host)
@@ -67,7 +67,9 @@ def test_the_table_holds_at_least_50_bad_inputs_of_both_kinds():
 
 
 @pytest.mark.parametrize("op, entry", RAISES, ids=_ids(RAISES))
-def test_bad_input_raises_before_any_launch(op, entry, device, no_launch):  # noqa: F811
+def test_bad_input_raises_before_any_launch(op, entry, device, monkeypatch):
+    if not (entry.in_kernel_on_gpu and device.type == "cuda"):  # there, the kernel that reads it checks it
+        refuse_launches(monkeypatch)
     args = entry.args(device)
     with pytest.raises(entry.error, match=entry.match):
         SPECS[op].call(getattr(kernels, op), args)
@@ -129,7 +131,8 @@ def test_position_written_behind_autograds_back_is_caught(how, value, device, mo
     version = positions._version
     WRITERS[how](positions, value)
     assert positions._version == version  # invisible to autograd: a remembered verdict would be stale
-    refuse_launches(monkeypatch)
+    if device.type == "cpu":  # on a GPU the rotation kernel itself checks
+        refuse_launches(monkeypatch)
     with pytest.raises(ValueError, match="outside the table"):
         kernels.rope(Q, K, cos, sin, positions)
 
@@ -144,13 +147,28 @@ def test_position_written_between_forward_and_backward_is_caught(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_the_device_side_condition_is_exactly_the_table_rows(dtype, device):
+def test_the_kernel_flags_exactly_the_positions_outside_the_table_and_writes_none_of_their_tokens(dtype, device):
+    """The GPU's check, on every device: the rotation kernel launched directly (past the CPU's check
+    before the launch) clears its flag exactly when a position is outside the table's 16 rows,
+    rotates the other tokens as HF does, and leaves the outside tokens' rows unwritten."""
     rope = sys.modules["kernels.rope"]
-    for positions, inside in [([0, 15], True), ([3], True), ([-1, 2], False), ([16], False), ([0, 2**30], False),
-                              ([-(2**30)], False), ([15, 16, 0], False)]:
-        condition = rope.all_in_table(torch.tensor([positions], dtype=dtype, device=device), 16)
-        assert condition.shape == () and condition.dtype == torch.bool and condition.device == device
-        assert bool(condition) == inside, positions
+    gen = torch.Generator().manual_seed(0)
+    Q, K = torch.randn(1, 4, 3, 8, generator=gen).to(device), torch.randn(1, 2, 3, 8, generator=gen).to(device)
+    cos, sin = torch.randn(16, 8, generator=gen).to(device), torch.randn(16, 8, generator=gen).to(device)
+    for row in [[0, 15, 3], [3, 3, 3], [-1, 2, 0], [16, 0, 1], [0, 2**30, 1], [-(2**30), 1, 2], [15, 16, 0]]:
+        positions = torch.tensor([row], dtype=dtype, device=device)
+        flags = []
+        Q_out, K_out = torch.full_like(Q, 7.0), torch.full_like(K, 7.0)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(rope, "_assert_on_device", lambda inside, message: flags.append(int(inside)))
+            rope._launch(Q, Q_out, K, K_out, cos, sin, positions, backward=False)
+        inside = [0 <= p < 16 for p in row]
+        assert flags == [int(all(inside))], row
+        in_range = [t for t, ok in enumerate(inside) if ok]
+        Q_hf, K_hf = SPECS["rope"].reference(Q[:, :, in_range].clone(), K[:, :, in_range].clone(), cos, sin, positions[:, in_range])
+        assert torch.equal(Q_out[:, :, in_range], Q_hf) and torch.equal(K_out[:, :, in_range], K_hf), row
+        outside = [t for t, ok in enumerate(inside) if not ok]
+        assert bool((Q_out[:, :, outside] == 7).all()) and bool((K_out[:, :, outside] == 7).all()), row
 
 
 _STOPPED_BY_THE_DEVICE = textwrap.dedent("""

@@ -242,23 +242,24 @@ def _synchronize(device: str) -> None:
 
 
 def position_check_cost(shapes=((1, 2048), (4, 4096), (8, 8192)), calls: int = 300, repeats: int = 5) -> list[dict]:
-    """Microseconds per call of rope's position-id range check alone, per (batch, seq), on the GPU when
-    there is one (three small kernels and a device-side assertion, queued without a host read), else the
-    CPU (one aminmax and a host read): the best and the median of ``repeats`` loops of ``calls`` calls,
+    """Microseconds per call of what rope's position-id range check adds beside the rotation kernel,
+    per (batch, seq), on the GPU when there is one (a one-element flag and a device-side assertion on
+    it, queued without a host read; the kernel's own comparisons are not separable), else the CPU (one
+    aminmax and a host read): the best and the median of ``repeats`` loops of ``calls`` calls,
     synchronised only between loops (``rope_check_share`` measures it on a real rope call)."""
-    from kernels.rope import require_positions_in_table
+    from kernels.rope import range_check_outside_the_kernel
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     for batch, seq in shapes:
         positions = torch.randint(0, seq, (batch, seq), device=device)
-        require_positions_in_table(positions, seq)  # warm-up
+        range_check_outside_the_kernel(positions, seq)  # warm-up
         per_call = []
         for _ in range(repeats):
             _synchronize(device)
             start = time.perf_counter()
             for _ in range(calls):
-                require_positions_in_table(positions, seq)
+                range_check_outside_the_kernel(positions, seq)
             _synchronize(device)
             per_call.append((time.perf_counter() - start) / calls * 1e6)
         # the best loop is the cost itself; the median adds what a busy machine's scheduler took
@@ -269,7 +270,8 @@ def position_check_cost(shapes=((1, 2048), (4, 4096), (8, 8192)), calls: int = 3
 
 def rope_check_share(dtype=torch.bfloat16, batch=4, heads=32, kv_heads=8, seq=4096, head_dim=128) -> dict:
     """GPU only: kernels.rope with packed position_ids at Llama-3-8B shapes, timed with the range
-    check and with it switched off (do_bench: the difference is what the check adds to a call's wall time)."""
+    check's assertion and with it switched off (do_bench: the difference is what the assertion adds
+    to a call's wall time; the kernel's comparisons stay in both)."""
     import importlib
 
     import kernels
@@ -283,12 +285,12 @@ def rope_check_share(dtype=torch.bfloat16, batch=4, heads=32, kv_heads=8, seq=40
     positions = packed_positions(batch, seq, torch.Generator().manual_seed(0)).cuda()
     with torch.no_grad():
         with_check = median_ms(lambda: kernels.rope(Q, K, cos, sin, positions))
-        checked = rope_module.require_positions_in_table
-        rope_module.require_positions_in_table = lambda *_: None
+        asserted = rope_module._assert_on_device
+        rope_module._assert_on_device = lambda *_: None
         try:
             without_check = median_ms(lambda: kernels.rope(Q, K, cos, sin, positions))
         finally:
-            rope_module.require_positions_in_table = checked
+            rope_module._assert_on_device = asserted
     return {"shape": [batch, heads, kv_heads, seq, head_dim], "dtype": str(dtype).removeprefix("torch."),
             "with_check_ms": with_check, "without_check_ms": without_check}
 
