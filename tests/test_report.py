@@ -62,6 +62,25 @@ def test_the_dashboard_shows_wall_per_call_beside_gpu_time(small_report, loop, v
     page = html.render(json.loads(Path(small_report["json"]).read_text()), None, bench)
     assert "fwd ms (loop)" in page and "fwd+bwd ms (loop)" in page and "loop ms vs compile" in page
     assert re.search(rf'class="{verdict}">[^<]*; *\n?{loop:.3f} vs 0\.700</td>', page), page[-3000:]
+    assert 'alt="GPU time and wall per call relative to torch.compile"' in page
+
+
+def test_the_performance_figure_draws_wall_per_call_over_compiles():
+    """The figure's second row: each implementation's loop time over compile's, bar by bar."""
+    from dataclasses import asdict
+
+    import matplotlib.pyplot as plt
+
+    from oracle.report import html
+    from tests.test_bench import _workload
+
+    timings = [asdict(t) for t in _workload(loop=0.63)]
+    keys = sorted({(t["op"], t["variant"], t["dtype"]) for t in timings})
+    fig, ax = plt.subplots()
+    html._ratio_bars(ax, timings, keys, ["kernels", "compile", "liger", "eager"], "fwd_bwd_loop_ms")
+    plt.close(fig)
+    heights = [round(bar.get_height(), 3) for bar in ax.patches]
+    assert heights == [round(0.63 / 0.70, 3), 1.0, round(0.80 / 0.70, 3), round(2.7 / 0.70, 3)]
 
 
 def test_unchanged_kernels_pass_the_gate(small_rerun, baseline):

@@ -178,29 +178,43 @@ def error_vs_columns(cells) -> str:
     return _svg(fig)
 
 
+# The performance figure's rows: a timing field per phase, and what its ratio to compile's means.
+_RATIO_ROWS = (("gpu", "GPU time / compile's\n(CUDA-graph replay, log)"),
+               ("loop", "wall per call / compile's\n(eager loop, host included, log)"))
+
+
+def _ratio_bars(ax, timings: list[dict], keys: list[tuple], impls: list[str], field: str) -> None:
+    """One bar per implementation and workload: its ``field`` over compile's in the same run."""
+    width = 0.8 / max(1, len(impls))
+    for k, impl in enumerate(impls):
+        values = []
+        for key in keys:
+            row = {t["impl"]: t for t in timings if (t["op"], t["variant"], t["dtype"]) == key}
+            base, mine = row.get("compile", {}).get(field), row.get(impl, {}).get(field)
+            values.append(mine / base if mine and base else 0)
+        ax.bar([i + (k - (len(impls) - 1) / 2) * width for i in range(len(keys))], values, width, label=impl)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")  # eager is 10x slower; the differences that matter are near 1
+    ax.set_xticks(range(len(keys)), [f"{o}\n{v}\n{d}" for o, v, d in keys], fontsize=6)
+
+
 def perf_figures(bench: dict) -> dict[str, str]:
+    """The benchmark's pictures: each implementation's GPU time and wall per call (the eager loop's,
+    host time included) over torch.compile's, forward and forward+backward; RMSNorm's bandwidth
+    across widths when the run swept them."""
     figures = {}
     timings = bench.get("timings", [])
     keys = sorted({(t["op"], t["variant"], t["dtype"]) for t in timings})
     impls = [i for i in ("kernels", "compile", "liger", "eager") if any(t["impl"] == i for t in timings)]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-    for ax, phase, title in ((axes[0], "fwd_gpu_ms", "forward"), (axes[1], "fwd_bwd_gpu_ms", "forward + backward")):
-        width = 0.8 / max(1, len(impls))
-        for k, impl in enumerate(impls):
-            values = []
-            for key in keys:
-                row = {t["impl"]: t for t in timings if (t["op"], t["variant"], t["dtype"]) == key}
-                base = row.get("compile", {}).get(phase)
-                mine = row.get(impl, {}).get(phase)
-                values.append(mine / base if mine and base else 0)
-            ax.bar([i + (k - (len(impls) - 1) / 2) * width for i in range(len(keys))], values, width, label=impl)
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_yscale("log")  # eager is 10x slower; the differences that matter are near 1
-        ax.set_xticks(range(len(keys)), [f"{o}\n{v}\n{d}" for o, v, d in keys], fontsize=6)
-        ax.set_ylabel("GPU time / torch.compile's (log)")
-        ax.set_title(title, fontsize=9)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("time relative to torch.compile, same run (CUDA-graph replay)", fontsize=10)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), squeeze=False)
+    for row, (measure, label) in zip(axes, _RATIO_ROWS):
+        for ax, phase, title in ((row[0], "fwd", "forward"), (row[1], "fwd_bwd", "forward + backward")):
+            _ratio_bars(ax, timings, keys, impls, f"{phase}_{measure}_ms")
+            ax.set_ylabel(label, fontsize=8)
+            ax.set_title(title, fontsize=9)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("time relative to torch.compile, same run", fontsize=10)
+    fig.tight_layout()
     figures["ratios"] = _svg(fig)
     sweep = bench.get("column_sweep", [])
     if sweep:
