@@ -165,7 +165,8 @@ def test_the_kernel_flags_exactly_the_positions_outside_the_table_and_writes_non
         inside = [0 <= p < 16 for p in row]
         assert flags == [int(all(inside))], row
         in_range = [t for t, ok in enumerate(inside) if ok]
-        Q_hf, K_hf = SPECS["rope"].reference(Q[:, :, in_range].clone(), K[:, :, in_range].clone(), cos, sin, positions[:, in_range])
+        Q_hf, K_hf = SPECS["rope"].reference(Q[:, :, in_range].clone(), K[:, :, in_range].clone(), cos, sin,
+                                             positions[:, in_range])
         assert torch.equal(Q_out[:, :, in_range], Q_hf) and torch.equal(K_out[:, :, in_range], K_hf), row
         outside = [t for t, ok in enumerate(inside) if not ok]
         assert bool((Q_out[:, :, outside] == 7).all()) and bool((K_out[:, :, outside] == 7).all()), row

@@ -186,11 +186,13 @@ _RATIO_ROWS = (("gpu", "GPU time / compile's\n(CUDA-graph replay, log)"),
 def _ratio_bars(ax, timings: list[dict], keys: list[tuple], impls: list[str], field: str) -> None:
     """One bar per implementation and workload: its ``field`` over compile's in the same run."""
     width = 0.8 / max(1, len(impls))
+    rows = {key: {} for key in keys}  # workload -> implementation -> its timing
+    for t in timings:
+        rows.setdefault((t["op"], t["variant"], t["dtype"]), {})[t["impl"]] = t
     for k, impl in enumerate(impls):
         values = []
         for key in keys:
-            row = {t["impl"]: t for t in timings if (t["op"], t["variant"], t["dtype"]) == key}
-            base, mine = row.get("compile", {}).get(field), row.get(impl, {}).get(field)
+            base, mine = rows[key].get("compile", {}).get(field), rows[key].get(impl, {}).get(field)
             values.append(mine / base if mine and base else 0)
         ax.bar([i + (k - (len(impls) - 1) / 2) * width for i in range(len(keys))], values, width, label=impl)
     ax.axhline(1.0, color="black", linewidth=0.8)
