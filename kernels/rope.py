@@ -86,7 +86,7 @@ def _rotate_heads(
     tl.store(row_out + (cols[None, :] + half_dim) * Out_sd, y2, mask=mask)
 
 
-@triton.jit
+@triton.jit(debug=True)  # compiles the range check's device assertion in (Note [The range check in the kernel])
 def _rope_kernel(
     Qin_ptr, Qin_sb, Qin_sh, Qin_ss, Qin_sd,  # (batch, n_heads, seq, head_dim), any strides
     Qout_ptr, Qout_sb, Qout_sh, Qout_ss, Qout_sd,
@@ -95,7 +95,6 @@ def _rope_kernel(
     cos_ptr, cos_row_stride, cos_col_stride,  # table (max_pos, head_dim)
     sin_ptr, sin_row_stride, sin_col_stride,
     pos_ptr, pos_b_stride, pos_s_stride,  # (batch, seq) table row per token, if HAS_POSITIONS
-    inside_ptr,  # one int32, 1 until a position falls outside the table (Note [The range check in the kernel])
     max_pos, seq_len, n_heads, n_kv_heads, half_dim,
     HAS_POSITIONS: tl.constexpr,
     BACKWARD_PASS: tl.constexpr,  # rotate back: the same kernel with sin negated
@@ -112,11 +111,12 @@ def _rope_kernel(
     dtype: tl.constexpr = Qout_ptr.dtype.element_ty
 
     # The token's table row, cast to the model dtype as HF's rotary embedding does. A position outside
-    # the table clears the flag, reads row 0 instead of past the table, and writes nothing.
+    # the table stops the stream (a device-side assertion), reads row 0 instead of past the table,
+    # and writes nothing.
     if HAS_POSITIONS:
         pos = tl.load(pos_ptr + b * pos_b_stride + s * pos_s_stride).to(tl.int64)
         inside = (pos >= 0) & (pos < max_pos)
-        tl.store(inside_ptr, 0, mask=~inside)
+        tl.device_assert(inside, "position_ids outside the table's rows")
         pos = tl.where(inside, pos, 0)
         col_mask = cols < tl.where(inside, half_dim, 0)  # (a scalar & a block: Triton's interpreter errs)
     else:
@@ -152,21 +152,17 @@ def _launch(Q_in, Q_out, K_in, K_out, cos, sin, position_ids, backward: bool) ->
     has_positions = position_ids is not None
     pos = position_ids if has_positions else cos  # any tensor; never read without HAS_POSITIONS
     pos_strides = position_ids.stride() if has_positions else (0, 0)
-    # the flag of Note [The range check in the kernel]; without positions any tensor, never written
-    inside = _inside_flag(Q_out.device) if has_positions else cos
     grid = (batch * seq, cdiv(n_heads, GROUP_SIZE))
     with launching():
         _rope_kernel[grid](
             Q_in, *Q_in.stride(), Q_out, *Q_out.stride(), K_in, *K_in.stride(), K_out, *K_out.stride(),
-            cos, *cos.stride(), sin, *sin.stride(), pos, *pos_strides, inside,
+            cos, *cos.stride(), sin, *sin.stride(), pos, *pos_strides,
             cos.shape[0], seq, n_heads, n_kv_heads, half,
             HAS_POSITIONS=has_positions, BACKWARD_PASS=backward,
             COMPUTE=TL_COMPUTE[_checks.compute_dtype(Q_out)], GROUP_SIZE=GROUP_SIZE, BLOCK_HALF=block_half,
             num_warps=rope_warps(block_half),
             enable_fp_fusion=False,  # a fused multiply-add would skip one of HF's roundings
         )
-    if has_positions:  # on the CPU the positions were checked before the launch, and this reads 1
-        _assert_on_device(inside, _OUTSIDE_THE_TABLE)
 
 
 def rope_warps(block_half: int) -> int:
@@ -341,41 +337,23 @@ def require_positions_in_table(position_ids: torch.Tensor, max_pos: int) -> None
         raise ValueError(f"position_ids span [{low}, {high}], outside the table's rows [0, {max_pos - 1}]")
 
 
-_OUTSIDE_THE_TABLE = "position_ids outside the table's rows"
-
 # Note [The range check in the kernel]
 #     On a GPU a host read of the positions' range would wait for every queued kernel and stall the
 #     launch queue on every call (29-36 us per call on the H200; RoPE's packed forward at Llama-3-8B
 #     shapes 0.155 ms instead of 0.090), and checking on the device before the launch took three
-#     small kernels (about 10 us of GPU time a call). So the rotation kernel checks each token's
-#     position as it loads it: a token outside the table reads row 0 instead of past the table,
-#     writes nothing, and clears a one-element flag of its call; a device-side assertion on the flag
-#     follows the launch in stream order (also inside CUDA-graph capture, where it runs on every
-#     replay). The assertion stops the stream at the next synchronisation ("device-side assert
-#     triggered", as torch's own indexing gives for HF's ``cos[position_ids]``), and a CUDA context
-#     that has asserted can run and read nothing more, so the tokens rotated before it are never
-#     seen. The flag is allocated and set per call: one kept per device would, if first allocated
-#     while a CUDA graph is recorded or warmed up (torch.compile's reduce-overhead), live in the
-#     graph's private memory pool, which may hand its memory to another tensor later.
-
-
-def _inside_flag(device: torch.device) -> torch.Tensor:
-    return torch.ones(1, dtype=torch.int32, device=device)
-
-
-def range_check_outside_the_kernel(position_ids: torch.Tensor, max_pos: int) -> None:
-    """What the range check costs a call beside the rotation kernel's own comparisons (the benchmark
-    times it): on the CPU the check before the launch; on a GPU the flag and its assertion."""
-    require_positions_in_table(position_ids, max_pos)
-    if position_ids.is_cuda:
-        _assert_on_device(_inside_flag(position_ids.device), _OUTSIDE_THE_TABLE)
-
-
-def _assert_on_device(inside: torch.Tensor, message: str) -> None:
-    """A device-side assertion that the flag is still 1, queued on the current stream.
-    tests/test_bad_inputs.py swaps it for a host read, to check the flag without losing the
-    process's CUDA context."""
-    torch._assert_async(inside, message)
+#     small kernels. So the rotation kernel checks each token's position as it loads it: a token
+#     outside the table fails a device-side assertion (``tl.device_assert``, which Triton compiles in
+#     only for a kernel jitted with ``debug=True``; debug also checks int32 arithmetic for overflow,
+#     and this kernel's index arithmetic is all int64), reads row 0 instead of past the table, and
+#     writes nothing. The assertion stops the stream at the next synchronisation ("device-side assert
+#     triggered", as torch's own indexing gives for HF's ``cos[position_ids]``; the message names
+#     position_ids), also on every replay of a captured CUDA graph, and a CUDA context that has
+#     asserted can run and read nothing more, so the tokens rotated beside it are never seen. Before,
+#     the kernel cleared a one-element flag and ``torch._assert_async`` on it followed the launch:
+#     two more launches and an allocation per call (a flag and an assertion: 13-16 us of host time on
+#     the H200, forward and backward each). Triton's interpreter never compiles the assertion, and
+#     on the CPU the check before the launch raises ValueError first. Tests that read what the
+#     kernel wrote past a bad position compile it without the assertion (``_rope_kernel.debug = False``).
 
 
 def _require_safe_memory(Q, K, cos, sin, position_ids, writes: bool) -> None:

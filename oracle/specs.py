@@ -37,8 +37,9 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 class ErrorInput:
     """A bad or unusual input and the answer the contract demands (after PyTorch's OpInfo error_inputs):
     raise ``error``, with a message matching ``match`` that names the argument, before any kernel
-    runs (on a GPU, where ``in_kernel_on_gpu``, right after the one kernel that found it, having
-    read and written nothing out of bounds); or, where ``error`` is None, return what HF's reference
+    runs (on a GPU, where ``in_kernel_on_gpu``, the kernel that finds it stops the stream with a
+    device-side assertion whose message matches, having read and written nothing out of bounds);
+    or, where ``error`` is None, return what HF's reference
     returns for the same arguments. Never a silently different result, never a crash
     (tests/test_bad_inputs.py runs them all)."""
 

@@ -1,6 +1,7 @@
 """Where a call's host time goes, on the GPU machine: the floor every implementation pays (autograd,
-one Triton launch by argument count, a custom Function) and a cProfile of the kernels' RMSNorm and
-RoPE forward+backward (and packed RoPE's forward) at Llama-3-8B shapes.
+one Triton launch by argument count, a custom Function), RoPE's call layer by layer (the launch, the
+op's body, the wrapper, the backward alone), and a cProfile of the kernels' RMSNorm and RoPE
+forward+backward (and packed RoPE's forward) at Llama-3-8B shapes.
 
     python scripts/host_profile.py            # prints; the note of the performance issue quotes it
 """
@@ -13,6 +14,7 @@ import io
 import pstats
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -27,9 +29,9 @@ from oracle.ops.rope import packed_positions, rotary_table
 CALLS, LOOPS = 200, 7
 
 
-def host_us(fn) -> float:
+def host_us(fn, loop: bool = False) -> float:
     """Best of LOOPS loops: microseconds the host spends issuing one call (the GPU is synchronised
-    between loops, never inside one)."""
+    between loops, never inside one); ``loop``: until the GPU finished them too."""
     fn()
     best = float("inf")
     for _ in range(LOOPS):
@@ -37,6 +39,8 @@ def host_us(fn) -> float:
         start = time.perf_counter()
         for _ in range(CALLS):
             fn()
+        if loop:
+            torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - start) / CALLS * 1e6)
     torch.cuda.synchronize()
     return best
@@ -53,6 +57,19 @@ def _empty_32(a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
     pass
 
 
+class _Dirty(torch.autograd.Function):
+    """What RotatedInPlace does to autograd, without a kernel: marks its inputs dirty, returns them."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.mark_dirty(a, b)
+        return a, b
+
+    @staticmethod
+    def backward(ctx, da, db):
+        return da, db
+
+
 class _Identity(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -67,6 +84,8 @@ def floor() -> None:
     x = torch.randn(16, device="cuda", requires_grad=True)
     ptr = torch.empty(16, device="cuda")
     ints = list(range(3, 35))
+    flag = torch.ones(1, dtype=torch.int32, device="cuda")
+    ones = torch.ones_like(x)
     rows = [
         ("torch.autograd.grad of y = x * 1", lambda: torch.autograd.grad(x * 1, x, torch.ones_like(x))),
         ("custom Function apply + grad", lambda: torch.autograd.grad(_Identity.apply(x), x, torch.ones_like(x))),
@@ -74,6 +93,10 @@ def floor() -> None:
         ("one Triton launch, 32 arguments", lambda: _empty_32[(1,)](ptr, ptr, *ints[2:], N=1)),
         ("torch.empty", lambda: torch.empty(16, device="cuda")),
         ("tensor.clone", lambda: ptr.clone()),
+        ("a one-element int32 flag (torch.ones)", lambda: torch.ones(1, dtype=torch.int32, device="cuda")),
+        ("torch._assert_async on it", lambda: torch._assert_async(flag, "never")),
+        ("mark_dirty Function on 2 clones + grad", lambda: torch.autograd.grad(_Dirty.apply(x.clone(), x.clone()),
+                                                                          x, (ones, ones))),
     ]
     for name, fn in rows:
         print(f"floor  {name:36s} {host_us(fn):7.1f} us", flush=True)
@@ -107,9 +130,73 @@ def workloads() -> dict:
     }
 
 
+SHAPES = {"small": (1, 8, 2, 16, 128), "model": (4, 32, 8, 4096, 128)}  # batch, heads, kv heads, seq, head_dim
+
+
+def rope_layers(shape: str) -> None:
+    """RoPE's forward and backward taken apart: each row adds one layer of the call to the row above,
+    so the differences say what each layer costs (plain: no position_ids; packed: position_ids). At
+    the small shape the GPU's time cannot hold the host back, so the rows are the host's alone."""
+    rope_module = importlib.import_module("kernels.rope")
+    batch, heads, kv_heads, seq, head_dim = SHAPES[shape]
+    Q = torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16)
+    K = torch.randn(batch, kv_heads, seq, head_dim, device="cuda", dtype=torch.bfloat16)
+    cos, sin = rotary_table(seq, head_dim, 500000.0, device="cuda")
+    packed = packed_positions(batch, seq, torch.Generator().manual_seed(0)).cuda()
+    for name, positions in (("plain", None), ("packed", packed)):
+        ctx = types.SimpleNamespace(saved_tensors=(cos, sin, positions), placements=rope_module._buffers(Q, K)[1],
+                                    layouts=[(t.shape, t.stride(), t.numel()) for t in (Q, K)])
+        rows = [
+            ("Triton launch alone (_launch)", lambda: rope_module._launch(Q, Q, K, K, cos, sin, positions, False)),
+            ("+ the op's body (memory checks)", lambda: rope_module._rotate_in_place(Q, K, cos, sin, positions)),
+            ("+ the wrapper, no autograd", lambda: kernels.rope(Q, K, cos, sin, positions)),
+            ("backward alone (fake ctx)", lambda: rope_module.RotatedInPlace.backward(ctx, Q, K)),
+        ]
+        for row, fn in rows:
+            print(f"rope {shape:5s} {name:6s} {row:36s} {host_us(fn):7.1f} us", flush=True)
+
+
+def rope_fwd_bwd_rows(shape: str) -> None:
+    """Forward+backward as the benchmark times it (two clones, the call, autograd.grad), the kernels
+    against torch.compile of HF's function: host until issued, and loop until the GPU is done too."""
+    from oracle.ops.rope import apply_rotary_pos_emb, table_rows
+
+    batch, heads, kv_heads, seq, head_dim = SHAPES[shape]
+    Q0 = torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    K0 = torch.randn(batch, kv_heads, seq, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dQ, dK = torch.randn_like(Q0), torch.randn_like(K0)
+    cos, sin = rotary_table(seq, head_dim, 500000.0, device="cuda")
+    packed = packed_positions(batch, seq, torch.Generator().manual_seed(0)).cuda()
+    rows = table_rows(Q0, cos, sin, packed)
+    compiled = torch.compile(apply_rotary_pos_emb, dynamic=False)
+
+    def fwd_bwd(call):
+        return lambda: torch.autograd.grad(call(Q0.clone(), K0.clone()), (Q0, K0), (dQ, dK))
+
+    calls = {
+        "two clones + grad alone": lambda: torch.autograd.grad((Q0.clone(), K0.clone()), (Q0, K0), (dQ, dK)),
+        "kernels plain": fwd_bwd(lambda Q, K: kernels.rope(Q, K, cos, sin)),
+        "kernels packed": fwd_bwd(lambda Q, K: kernels.rope(Q, K, cos, sin, packed)),
+        "compile (HF's function)": fwd_bwd(lambda Q, K: compiled(Q, K, *rows)),
+    }
+
+    def with_the_old_check(Q, K):  # the check as it was before it moved into the kernel: a flag, an assertion
+        Q, K = kernels.rope(Q, K, cos, sin, packed)
+        torch._assert_async(torch.ones(1, dtype=torch.int32, device="cuda"), "never")
+        return Q, K
+
+    calls["kernels packed + a flag and an assertion"] = fwd_bwd(with_the_old_check)
+    for name, fn in calls.items():
+        print(f"rope {shape:5s} fwd+bwd {name:40s} host {host_us(fn):7.1f} us, loop {host_us(fn, loop=True):7.1f} us",
+              flush=True)
+
+
 def main() -> None:
     print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
     floor()
+    for shape in SHAPES:
+        rope_layers(shape)
+        rope_fwd_bwd_rows(shape)
     calls = workloads()
     for name, fn in calls.items():
         print(f"kernels {name:34s} {host_us(fn):7.1f} us host per call", flush=True)

@@ -25,17 +25,20 @@ from oracle.compare import judge
 from oracle.ops import SPECS
 from tests.test_kernels import no_launch, refuse_launches  # noqa: F401  (no_launch: a fixture)
 
-@pytest.fixture(autouse=True)
-def positions_checked_on_the_host(monkeypatch):
-    """On a GPU, RoPE's kernel checks the positions' range and a device-side assertion on its flag
-    follows (kernels/rope.py, Note [The range check in the kernel]), which would end this process's
-    CUDA context. Here the flag is read to the host and raises the assertion's message;
-    test_a_position_outside_the_table_stops_the_gpu_stream runs the real assertion."""
-    def read_on_the_host(inside, message):
-        if not bool(inside):
-            raise ValueError(message)
+def in_a_process_of_its_own(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` on the GPU in a fresh process, then synchronise: on a GPU RoPE's kernel checks the
+    positions' range with a device-side assertion (kernels/rope.py, Note [The range check in the
+    kernel]), which ends the CUDA context of the process it fires in, and this one (an xdist worker)
+    has more tests to run."""
+    script = "import torch\n" + textwrap.dedent(code) + "\ntorch.cuda.synchronize()\nprint('no assertion')\n"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
 
-    monkeypatch.setattr(sys.modules["kernels.rope"], "_assert_on_device", read_on_the_host)
+
+def assert_stopped_by_the_kernel(proc: subprocess.CompletedProcess) -> None:
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "no assertion" not in proc.stdout, output[-2000:]
+    assert "device-side assert" in output and "position_ids outside the table" in output, output[-2000:]
 
 
 TABLE = [(spec.name, entry) for spec in SPECS.values() for entry in spec.error_inputs()]
@@ -68,8 +71,15 @@ def test_the_table_holds_at_least_50_bad_inputs_of_both_kinds():
 
 @pytest.mark.parametrize("op, entry", RAISES, ids=_ids(RAISES))
 def test_bad_input_raises_before_any_launch(op, entry, device, monkeypatch):
-    if not (entry.in_kernel_on_gpu and device.type == "cuda"):  # there, the kernel that reads it checks it
-        refuse_launches(monkeypatch)
+    if entry.in_kernel_on_gpu and device.type == "cuda":  # there, the kernel that reads it checks it
+        assert_stopped_by_the_kernel(in_a_process_of_its_own(f"""
+            import kernels
+            from oracle.ops import SPECS
+            spec = SPECS[{op!r}]
+            entry = next(e for e in spec.error_inputs() if e.description == {entry.description!r})
+            spec.call(getattr(kernels, {op!r}), entry.args(torch.device("cuda")))"""))
+        return
+    refuse_launches(monkeypatch)
     args = entry.args(device)
     with pytest.raises(entry.error, match=entry.match):
         SPECS[op].call(getattr(kernels, op), args)
@@ -126,18 +136,43 @@ WRITERS = {"data": _through_data, "numpy": _through_numpy, "dlpack": _through_dl
 def test_position_written_behind_autograds_back_is_caught(how, value, device, monkeypatch):
     if how == "numpy" and device.type != "cpu":
         pytest.skip("numpy views only CPU memory")
+    if device.type == "cuda":  # the rotation kernel itself checks
+        proc = in_a_process_of_its_own(f"""
+            import kernels
+            from tests.test_bad_inputs import WRITERS, _rope_args
+            Q, K, cos, sin, positions = _rope_args(torch.device("cuda"))
+            kernels.rope(Q, K, cos, sin, positions)
+            torch.cuda.synchronize()
+            print("in range: rotated", flush=True)
+            WRITERS[{how!r}](positions, {value})
+            kernels.rope(Q, K, cos, sin, positions)""")
+        assert "in range: rotated" in proc.stdout, proc.stderr[-2000:]
+        assert_stopped_by_the_kernel(proc)
+        return
     Q, K, cos, sin, positions = _rope_args(device)
     kernels.rope(Q, K, cos, sin, positions)  # in range: rotates
     version = positions._version
     WRITERS[how](positions, value)
     assert positions._version == version  # invisible to autograd: a remembered verdict would be stale
-    if device.type == "cpu":  # on a GPU the rotation kernel itself checks
-        refuse_launches(monkeypatch)
+    refuse_launches(monkeypatch)
     with pytest.raises(ValueError, match="outside the table"):
         kernels.rope(Q, K, cos, sin, positions)
 
 
 def test_position_written_between_forward_and_backward_is_caught(device):
+    if device.type == "cuda":
+        proc = in_a_process_of_its_own("""
+            import kernels
+            from tests.test_bad_inputs import _rope_args, _through_data
+            Q, K, cos, sin, positions = _rope_args(torch.device("cuda"))
+            Q_out, _ = kernels.rope(Q.requires_grad_().clone(), K, cos, sin, positions)
+            torch.cuda.synchronize()
+            print("forward: rotated", flush=True)
+            _through_data(positions, 99)
+            Q_out.sum().backward()""")
+        assert "forward: rotated" in proc.stdout, proc.stderr[-2000:]
+        assert_stopped_by_the_kernel(proc)
+        return
     Q, K, cos, sin, positions = _rope_args(device)
     Q0 = Q.requires_grad_()
     Q_out, _ = kernels.rope(Q0.clone(), K, cos, sin, positions)
@@ -147,23 +182,23 @@ def test_position_written_between_forward_and_backward_is_caught(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_the_kernel_flags_exactly_the_positions_outside_the_table_and_writes_none_of_their_tokens(dtype, device):
-    """The GPU's check, on every device: the rotation kernel launched directly (past the CPU's check
-    before the launch) clears its flag exactly when a position is outside the table's 16 rows,
-    rotates the other tokens as HF does, and leaves the outside tokens' rows unwritten."""
+def test_the_kernel_reads_and_writes_none_of_the_tokens_outside_the_table(dtype, device):
+    """What the GPU's kernel does beside its assertion, on every device: launched directly (past the
+    CPU's check before the launch) and compiled without the assertion, the rotation kernel rotates
+    the tokens inside the table's 16 rows as HF does and leaves the outside tokens' rows unwritten
+    (their table row read is row 0's, never one past the table)."""
     rope = sys.modules["kernels.rope"]
     gen = torch.Generator().manual_seed(0)
     Q, K = torch.randn(1, 4, 3, 8, generator=gen).to(device), torch.randn(1, 2, 3, 8, generator=gen).to(device)
     cos, sin = torch.randn(16, 8, generator=gen).to(device), torch.randn(16, 8, generator=gen).to(device)
     for row in [[0, 15, 3], [3, 3, 3], [-1, 2, 0], [16, 0, 1], [0, 2**30, 1], [-(2**30), 1, 2], [15, 16, 0]]:
         positions = torch.tensor([row], dtype=dtype, device=device)
-        flags = []
         Q_out, K_out = torch.full_like(Q, 7.0), torch.full_like(K, 7.0)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(rope, "_assert_on_device", lambda inside, message: flags.append(int(inside)))
+            # (the interpreter's kernels have no such attribute: they never compile the assertion)
+            patch.setattr(rope._rope_kernel, "debug", False, raising=False)
             rope._launch(Q, Q_out, K, K_out, cos, sin, positions, backward=False)
         inside = [0 <= p < 16 for p in row]
-        assert flags == [int(all(inside))], row
         in_range = [t for t, ok in enumerate(inside) if ok]
         Q_hf, K_hf = SPECS["rope"].reference(Q[:, :, in_range].clone(), K[:, :, in_range].clone(), cos, sin,
                                              positions[:, in_range])
@@ -172,30 +207,22 @@ def test_the_kernel_flags_exactly_the_positions_outside_the_table_and_writes_non
         assert bool((Q_out[:, :, outside] == 7).all()) and bool((K_out[:, :, outside] == 7).all()), row
 
 
-_STOPPED_BY_THE_DEVICE = textwrap.dedent("""
-    import sys, torch, kernels
-    Q, K = torch.randn(1, 4, 3, 8, device="cuda"), torch.randn(1, 2, 3, 8, device="cuda")
-    cos, sin = torch.randn(16, 8, device="cuda"), torch.randn(16, 8, device="cuda")
-    positions = torch.tensor([[0, 1, int(sys.argv[1])]], device="cuda")
-    kernels.rope(Q, K, cos, sin, positions)
-    torch.cuda.synchronize()
-    print("no assertion")
-""")
-
-
-@pytest.mark.parametrize("position", [2, 16])
-def test_a_position_outside_the_table_stops_the_gpu_stream(position, device):
-    """The real device-side assertion, in a process of its own: position 16 of a 16-row table stops
-    the program at the next synchronisation; position 2, inside, runs to the end."""
+@pytest.mark.parametrize("row", [[0, 15, 3], [15, 16, 0]], ids=["inside", "one past the end"])
+def test_the_kernel_asserts_exactly_when_a_position_is_outside_the_table(row, device):
+    """The real device-side assertion, in a process of its own: a 16-row table's first and last rows
+    run to the end; row 16, beside row 15, stops the stream at the next synchronisation. (The table's
+    negative, int32 and far-out positions assert in test_bad_input_raises_before_any_launch.)"""
     if device.type != "cuda":
         pytest.skip("a device-side assertion needs a GPU; on the CPU the check raises ValueError (tested above)")
-    proc = subprocess.run([sys.executable, "-c", _STOPPED_BY_THE_DEVICE, str(position)], capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
-    if position < 16:
+    proc = in_a_process_of_its_own(f"""
+        import kernels
+        Q, K = torch.randn(1, 4, 3, 8, device="cuda"), torch.randn(1, 2, 3, 8, device="cuda")
+        cos, sin = torch.randn(16, 8, device="cuda"), torch.randn(16, 8, device="cuda")
+        kernels.rope(Q, K, cos, sin, torch.tensor([{row}], device="cuda"))""")
+    if max(row) < 16:
         assert proc.returncode == 0 and "no assertion" in proc.stdout, proc.stderr[-2000:]
     else:
-        assert proc.returncode != 0 and "no assertion" not in proc.stdout
-        assert "device-side assert" in proc.stderr, proc.stderr[-2000:]
+        assert_stopped_by_the_kernel(proc)
 
 
 # --- what a table row cannot express ----------------------------------------------------------------

@@ -262,9 +262,9 @@ def test_swiglu_offsets_beyond_2_31_elements(device):
 
 @pytest.mark.skipif(_runtime.interpreted() or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_rope_with_positions_is_captured_in_a_cuda_graph(device):
-    """The per-call range check reads nothing to the host, which capture forbids: its flag is allocated
-    and set inside the graph and its device-side assertion captured, and the replayed graph rotates
-    exactly as an eager call does."""
+    """The per-call range check reads nothing to the host, which capture forbids: its device-side
+    assertion is the rotation kernel's own, captured with it, and the replayed graph rotates exactly
+    as an eager call does."""
     gen = torch.Generator().manual_seed(0)
     cos, sin = rope_ops.rotary_table(64, 16, device=device)
     Q0, K0 = torch.randn(2, 4, 8, 16, generator=gen).to(device), torch.randn(2, 2, 8, 16, generator=gen).to(device)
