@@ -36,6 +36,7 @@ from triton.language.extra import libdevice
 
 from . import _checks
 from ._launch import TL_COMPUTE, cdiv
+from ._launcher import launch
 from ._library import tracing
 from ._runtime import interpreted, launching
 
@@ -104,8 +105,8 @@ def _launch_flat(kernel: triton.JITFunction, constexprs: dict, e: torch.Tensor, 
     if n == 0:
         return
     with launching():
-        kernel[(cdiv(n, BLOCK_SIZE),)](*pointers, n, **launch_constexprs, **constexprs,
-                                              COMPUTE=TL_COMPUTE[_checks.compute_dtype(e)], BLOCK_SIZE=BLOCK_SIZE)
+        launch(kernel, (cdiv(n, BLOCK_SIZE),), *pointers, n, **launch_constexprs, **constexprs,
+               COMPUTE=TL_COMPUTE[_checks.compute_dtype(e)], BLOCK_SIZE=BLOCK_SIZE)
 
 
 def _flat_walk(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -41,6 +41,7 @@ import triton.language as tl
 
 from . import _checks
 from ._launch import TL_COMPUTE, cdiv, device_index, next_power_of_2, program_slots
+from ._launcher import launch
 from ._layout import rows_addressable
 from ._library import calls, custom_op, tracing
 from ._rms_norm_configs import Config, lookup
@@ -321,12 +322,14 @@ def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,
             eps_hi, eps_lo)
     with launching():
         if config.path == "looped":
-            _rms_norm_forward_looped_kernel[(min(cdiv(n_rows, config.rows), config.programs_per_sm * slots),)](
+            launch(
+                _rms_norm_forward_looped_kernel, (min(cdiv(n_rows, config.rows), config.programs_per_sm * slots),),
                 *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], ROWS=config.rows, CHUNK=config.chunk,
                 NUM_STAGES=_stages(config.rows * config.chunk * X.element_size(), config.stages),
                 num_warps=config.warps)
         else:
-            _rms_norm_forward_kernel[(cdiv(n_rows, config.rows),)](
+            launch(
+                _rms_norm_forward_kernel, (cdiv(n_rows, config.rows),),
                 *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], ROWS=config.rows,
                 BLOCK_SIZE=next_power_of_2(n_cols), num_warps=config.warps)
     return Y, inv_var
@@ -355,11 +358,13 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
     with launching():
         if split:
             mean = torch.empty_like(inv_var)
-            _rms_norm_row_dot_kernel[(n_rows,)](
+            launch(
+                _rms_norm_row_dot_kernel, (n_rows,),
                 mean, dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0), inv_var,
                 n_cols, layout.lead[1], layout.lead[2],
                 GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], CHUNK=block, num_warps=config.warps)
-        _rms_norm_backward_kernel[(programs, chunks)](
+        launch(
+            _rms_norm_backward_kernel, (programs, chunks),
             dX_rows, *layout.strides[0], dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0), inv_var, mean,
             dW_partial, n_rows, n_cols, layout.lead[1], layout.lead[2], rows_per_program,
             GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], SPLIT=split, ROWS=config.rows, BLOCK_SIZE=block,
@@ -369,7 +374,7 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
         if not needs_dW:
             return None
         dW = torch.empty_like(W, memory_format=torch.contiguous_format)
-        _sum_partials_kernel[(cdiv(n_cols, 64),)](dW, dW_partial, programs, n_cols, PARTIALS=32, BLOCK_SIZE=64)
+        launch(_sum_partials_kernel, (cdiv(n_cols, 64),), dW, dW_partial, programs, n_cols, PARTIALS=32, BLOCK_SIZE=64)
     return dW
 
 

@@ -51,6 +51,7 @@ from torch.autograd.graph import increment_version
 
 from . import _checks
 from ._launch import TL_COMPUTE, cdiv, next_power_of_2
+from ._launcher import launch
 from ._library import calls, custom_op, tracing
 from ._runtime import launching
 
@@ -154,7 +155,8 @@ def _launch(Q_in, Q_out, K_in, K_out, cos, sin, position_ids, backward: bool) ->
     pos_strides = position_ids.stride() if has_positions else (0, 0)
     grid = (batch * seq, cdiv(n_heads, GROUP_SIZE))
     with launching():
-        _rope_kernel[grid](
+        launch(
+            _rope_kernel, grid,
             Q_in, *Q_in.stride(), Q_out, *Q_out.stride(), K_in, *K_in.stride(), K_out, *K_out.stride(),
             cos, *cos.stride(), sin, *sin.stride(), pos, *pos_strides,
             cos.shape[0], seq, n_heads, n_kv_heads, half,
@@ -439,8 +441,8 @@ def rope(Q: torch.Tensor, K: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     cast to Q's dtype, as HF does); position_ids: (batch, seq) table rows per token (packed
     sequences restart inside a row), int64 or int32, (1, seq) for the same positions in every row,
     None for 0..seq-1 in every row; their range is checked on every call (on the CPU a ValueError
-    before the launch; on a GPU by the kernel itself, without a host sync: a device-side assert right
-    after it stops the stream, and no token outside the table is read or written).
+    before the launch; on a GPU by the kernel itself as it loads each position, without a host sync:
+    its device-side assertion stops the stream, and no token outside the table is read or written).
 
     Returns Q and K themselves, rotated. Q and K are overwritten (``CLOBBERS["rope"]``): a caller who
     still needs the originals passes copies; they must not share memory with each other or any other

@@ -39,9 +39,8 @@ class ErrorInput:
     raise ``error``, with a message matching ``match`` that names the argument, before any kernel
     runs (on a GPU, where ``in_kernel_on_gpu``, the kernel that finds it stops the stream with a
     device-side assertion whose message matches, having read and written nothing out of bounds);
-    or, where ``error`` is None, return what HF's reference
-    returns for the same arguments. Never a silently different result, never a crash
-    (tests/test_bad_inputs.py runs them all)."""
+    or, where ``error`` is None, return what HF's reference returns for the same arguments. Never a
+    silently different result, never a crash (tests/test_bad_inputs.py runs them all)."""
 
     description: str
     args: Callable[[torch.device], dict]  # device -> arguments by name

@@ -177,7 +177,7 @@ for step in "$@"; do
       tail -10 "$OUT/tune-forward.log" "$OUT/tune-backward.log";;
     host-profile)  # where a call's host time goes (autograd, Triton's launcher, the kernels' Python)
       # the whole log first: head closing a pipe behind tee would cut it at its 20th line
-      timeout 120 python3 scripts/host_profile.py > "$OUT/host-profile-h200.log" 2>&1; head -20 "$OUT/host-profile-h200.log";;
+      timeout ${PROFILE_TIMEOUT:-200} python3 scripts/host_profile.py > "$OUT/host-profile-h200.log" 2>&1; head -20 "$OUT/host-profile-h200.log";;
     gate)  # the full sweep, gated against the committed H200 baseline (a new baseline: results.baseline_view of the JSON)
       timeout 400 python3 -m oracle.report --full --gate --json "$OUT/drift-h200.json" --html "$OUT/drift-h200.html" \
         2>&1 | tee "$OUT/report-h200.log" | tail -30;;

@@ -1,7 +1,8 @@
 """Where a call's host time goes, on the GPU machine: the floor every implementation pays (autograd,
 one Triton launch by argument count, a custom Function), RoPE's call layer by layer (the launch, the
-op's body, the wrapper, the backward alone), and a cProfile of the kernels' RMSNorm and RoPE
-forward+backward (and packed RoPE's forward) at Llama-3-8B shapes.
+op's body, the wrapper, the backward alone) and its forward+backward against torch.compile's, each
+with Triton's own launch and with the direct launch (kernels/_launcher.py), and a cProfile of the
+kernels' RMSNorm and RoPE forward+backward (and packed RoPE's forward) at Llama-3-8B shapes.
 
     python scripts/host_profile.py            # prints; the note of the performance issue quotes it
 """
@@ -24,14 +25,17 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kernels
+from kernels import _launcher
+from oracle.bench import interleaved_host_and_loop_ms
 from oracle.ops.rope import packed_positions, rotary_table
 
 CALLS, LOOPS = 200, 7
+LAUNCHES = {"Triton's launch": False, "direct launch": True}  # kernels/_launcher.py's DIRECT
 
 
-def host_us(fn, loop: bool = False) -> float:
+def host_us(fn) -> float:
     """Best of LOOPS loops: microseconds the host spends issuing one call (the GPU is synchronised
-    between loops, never inside one); ``loop``: until the GPU finished them too."""
+    between loops, never inside one)."""
     fn()
     best = float("inf")
     for _ in range(LOOPS):
@@ -39,11 +43,18 @@ def host_us(fn, loop: bool = False) -> float:
         start = time.perf_counter()
         for _ in range(CALLS):
             fn()
-        if loop:
-            torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - start) / CALLS * 1e6)
     torch.cuda.synchronize()
     return best
+
+
+def launching(direct: bool, fn):
+    """fn with the launch path set before each call (so that competitors can be interleaved)."""
+    def call():
+        _launcher.DIRECT = direct
+        return fn()
+
+    return call
 
 
 @triton.jit
@@ -152,13 +163,17 @@ def rope_layers(shape: str) -> None:
             ("+ the wrapper, no autograd", lambda: kernels.rope(Q, K, cos, sin, positions)),
             ("backward alone (fake ctx)", lambda: rope_module.RotatedInPlace.backward(ctx, Q, K)),
         ]
-        for row, fn in rows:
-            print(f"rope {shape:5s} {name:6s} {row:36s} {host_us(fn):7.1f} us", flush=True)
+        for launch, direct in LAUNCHES.items():
+            for row, fn in rows:
+                print(f"rope {shape:5s} {name:6s} {launch:15s} {row:34s} {host_us(launching(direct, fn)):7.1f} us",
+                      flush=True)
+    _launcher.DIRECT = True
 
 
 def rope_fwd_bwd_rows(shape: str) -> None:
-    """Forward+backward as the benchmark times it (two clones, the call, autograd.grad), the kernels
-    against torch.compile of HF's function: host until issued, and loop until the GPU is done too."""
+    """Forward+backward as the benchmark times it (two clones, the call, autograd.grad): the kernels
+    with either launch against torch.compile of HF's function, interleaved loops of 30 calls as the
+    benchmark takes them (medians of 7): host until issued, loop until the GPU is done too."""
     from oracle.ops.rope import apply_rotary_pos_emb, table_rows
 
     batch, heads, kv_heads, seq, head_dim = SHAPES[shape]
@@ -173,22 +188,15 @@ def rope_fwd_bwd_rows(shape: str) -> None:
     def fwd_bwd(call):
         return lambda: torch.autograd.grad(call(Q0.clone(), K0.clone()), (Q0, K0), (dQ, dK))
 
-    calls = {
-        "two clones + grad alone": lambda: torch.autograd.grad((Q0.clone(), K0.clone()), (Q0, K0), (dQ, dK)),
-        "kernels plain": fwd_bwd(lambda Q, K: kernels.rope(Q, K, cos, sin)),
-        "kernels packed": fwd_bwd(lambda Q, K: kernels.rope(Q, K, cos, sin, packed)),
-        "compile (HF's function)": fwd_bwd(lambda Q, K: compiled(Q, K, *rows)),
-    }
-
-    def with_the_old_check(Q, K):  # the check as it was before it moved into the kernel: a flag, an assertion
-        Q, K = kernels.rope(Q, K, cos, sin, packed)
-        torch._assert_async(torch.ones(1, dtype=torch.int32, device="cuda"), "never")
-        return Q, K
-
-    calls["kernels packed + a flag and an assertion"] = fwd_bwd(with_the_old_check)
-    for name, fn in calls.items():
-        print(f"rope {shape:5s} fwd+bwd {name:40s} host {host_us(fn):7.1f} us, loop {host_us(fn, loop=True):7.1f} us",
-              flush=True)
+    calls = {"two clones + grad alone": lambda: torch.autograd.grad((Q0.clone(), K0.clone()), (Q0, K0), (dQ, dK)),
+             "compile (HF's function)": fwd_bwd(lambda Q, K: compiled(Q, K, *rows))}
+    for launch, direct in LAUNCHES.items():
+        calls[f"kernels plain, {launch}"] = launching(direct, fwd_bwd(lambda Q, K: kernels.rope(Q, K, cos, sin)))
+        calls[f"kernels packed, {launch}"] = launching(direct, fwd_bwd(lambda Q, K: kernels.rope(Q, K, cos, sin,
+                                                                                                 packed)))
+    for name, (host, loop) in interleaved_host_and_loop_ms(calls, torch.cuda.synchronize).items():
+        print(f"rope {shape:5s} fwd+bwd {name:36s} host {host * 1e3:7.1f} us, loop {loop * 1e3:7.1f} us", flush=True)
+    _launcher.DIRECT = True
 
 
 def main() -> None:
@@ -199,7 +207,10 @@ def main() -> None:
         rope_fwd_bwd_rows(shape)
     calls = workloads()
     for name, fn in calls.items():
-        print(f"kernels {name:34s} {host_us(fn):7.1f} us host per call", flush=True)
+        for launch, direct in LAUNCHES.items():
+            print(f"kernels {name:34s} {launch:15s} {host_us(launching(direct, fn)):7.1f} us host per call",
+                  flush=True)
+    _launcher.DIRECT = True
     for name in ("rms_norm fwd+bwd", "rope fwd+bwd", "rope packed fwd (no autograd)"):
         profiler = cProfile.Profile()
         profiler.enable()
