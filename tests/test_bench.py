@@ -263,6 +263,26 @@ def test_competitors_loops_are_taken_in_turn_each_round_in_another_order():
                       ["eager", "kernels", "compile"], ["kernels", "compile", "eager"]]
 
 
+def test_competitors_gpu_replays_are_taken_in_turn_and_a_capture_that_fails_gives_none(capsys):
+    replayed = []
+
+    def capture(fn):
+        name, ms, calls = fn()
+        if ms is None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        times = iter([ms * calls * 3] + [ms * calls] * 4)  # the first replay is an outlier: the median drops it
+        return bench.Captured(lambda: (replayed.append(name), next(times))[1], calls)
+
+    fns = {name: lambda spec=spec: spec for name, spec in (
+        ("kernels", ("kernels", 1.0, 4)), ("compile", ("compile", 2.0, 2)), ("liger", ("liger", None, 1)),
+        ("eager", ("eager", 4.0, 1)))}
+    gpu = bench.interleaved_graph_ms(fns, rounds=3, capture=capture)
+    assert gpu == {"kernels": pytest.approx(1.0), "compile": pytest.approx(2.0), "liger": None,
+                   "eager": pytest.approx(4.0)}
+    assert replayed == ["kernels", "compile", "eager", "compile", "eager", "kernels", "eager", "kernels", "compile"]
+    assert "no CUDA-graph timing of liger: RuntimeError" in capsys.readouterr().out
+
+
 # --- the run's plumbing, on stub workloads ------------------------------------------------------
 
 
@@ -291,6 +311,7 @@ def stub_run(monkeypatch):
     monkeypatch.setattr(bench, "copy_bandwidth_tbps", lambda: COPY_TBPS)
     monkeypatch.setattr(bench, "median_ms", lambda fn: (fn(), 1.0)[1])
     monkeypatch.setattr(bench, "graph_ms", lambda fn: (fn(), 0.5)[1])
+    monkeypatch.setattr(bench, "interleaved_graph_ms", lambda fns, *rest: {name: (fn(), 0.5)[1] for name, fn in fns.items()})
     monkeypatch.setattr(bench, "peak_mb", lambda fn: (fn(), 3.0)[1])
     monkeypatch.setattr(bench, "interleaved_host_and_loop_ms",
                         lambda fns, sync, *rest: {name: (fn(), (0.1, 0.7))[1] for name, fn in fns.items()})
