@@ -6,8 +6,9 @@ Note [Launching past Triton's binder]
     them to the signature, specialises each (a tensor by dtype and 16-byte alignment, an integer by
     its value being 1, divisible by 16, or past int32), turns that list and the options into a
     string key, looks the kernel up, then builds launch metadata for hooks and calls the launcher.
-    For RoPE's 34 arguments that is most of a launch's host time (13.7 µs for 8 arguments, 31.7 for
-    32 on the H200's host, ``scripts/host_profile.py``). A training loop repeats the same shapes, so
+    For RoPE's 34 arguments that is most of a launch's host time: on the H200's host one RoPE launch
+    took 31.4 µs through Triton and 18.6 µs directly (``scripts/host_profile.py``,
+    reports/logs/host-profile-h200-direct-launch.log). A training loop repeats the same shapes, so
     here the first call of each exact signature goes through Triton (which compiles if it must and
     launches), and the compiled kernel is remembered under a key that decides Triton's answer: the
     current device, the kernel's ``debug`` flag, every argument's type, every non-tensor argument's
@@ -16,7 +17,10 @@ Note [Launching past Triton's binder]
     (``CompiledKernel.run``, the call Triton itself ends with) with the same arguments, the
     constexprs appended in signature order as Triton passes them. Triton's own path is kept under
     the interpreter, while launch hooks are registered (a profiler's), for a grid that is a
-    function, and for a Triton whose compiled kernels lack the attributes used here. The cache per
+    function, and for a Triton whose compiled kernels lack the attributes used here. Taken as fixed
+    for the process, as Triton itself nearly does: the settings it reads from the environment
+    (TRITON_DEBUG, its instrumentation mode) and the global constants a kernel reads, which Triton
+    checks for changes on the first call of a signature only here. The cache per
     kernel holds ``MAX_SIGNATURES`` entries and starts again when full: a sweep over thousands of
     shapes pays Triton's path, a training loop does not.
 """
