@@ -130,8 +130,9 @@ class Captured:
 
 
 def capture(fn: Callable, replay_ms: float = GRAPH_REP_MS) -> Captured:
-    """fn warmed up on a side stream (allocations, compilation), timed once in a graph of one call,
-    then captured again as a graph of as many calls as take about ``replay_ms``."""
+    """fn warmed up on a side stream (allocations, compilation), timed in a graph of one call (its
+    second replay: the first uploads the graph), then captured again as a graph of as many calls as
+    take about ``replay_ms``."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -139,7 +140,10 @@ def capture(fn: Callable, replay_ms: float = GRAPH_REP_MS) -> Captured:
         fn()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    calls = max(1, int(replay_ms / _captured(fn, 1).replay_ms()))
+    one = _captured(fn, 1)
+    one.replay_ms()
+    calls = max(1, int(replay_ms / one.replay_ms()))
+    del one
     return _captured(fn, calls)
 
 
