@@ -1,4 +1,4 @@
-"""Launch-setting sweep for RoPE and SwiGLU on a GPU (run on the lent H200; prints one table per knob;
+"""Launch-setting sweep for RoPE, SwiGLU and GeGLU on a GPU (run on the lent H200; prints one table per knob;
 RMSNorm has its own measured table: scripts/tune_rms_norm.py).
 
 Each knob is a module-level function or constant of kernels/*.py, patched in turn; the shapes are
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import sys
 
 import torch
 import triton.testing
@@ -17,7 +18,7 @@ import kernels
 from oracle.ops import rope as rope_ops
 
 rope = importlib.import_module("kernels.rope")
-swiglu = importlib.import_module("kernels.swiglu")
+elementwise = importlib.import_module("kernels._elementwise")
 
 
 def ms(fn):
@@ -37,15 +38,43 @@ def rope_knobs():
     rope.rope_warps, rope.GROUP_SIZE = original_warps, original_group
 
 
-def swiglu_knobs():
-    e = torch.randn(16384, 14336, device="cuda", dtype=torch.bfloat16)
-    g = torch.randn_like(e)
-    for block in (1024, 2048):
-        swiglu.BLOCK_SIZE = block
-        print(f"swiglu forward     BLOCK_SIZE={block}: {ms(lambda: kernels.swiglu_fg_kernel(e, g)):.3f} ms")
-    swiglu.BLOCK_SIZE = 1024
+def elementwise_knobs():
+    """SwiGLU's and GeGLU's forward+backward (what the benchmark's fwd+bwd target times) per BLOCK_SIZE
+    and num_warps of the flat launch, against torch.compile of HF's maths: GPU times from CUDA-graph
+    replays taken in turn (oracle.bench.interleaved_graph_ms), so the settings are compared in one run."""
+    from oracle.bench import interleaved_graph_ms
+    from oracle.ops.geglu import geglu
+    from oracle.ops.swiglu import swiglu
 
+    e = torch.randn(16384, 14336, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn_like(e, requires_grad=True)
+    dh = torch.randn_like(e)
+    original_block, original_launch = elementwise.BLOCK_SIZE, elementwise.launch
+
+    def fwd_bwd(fn):
+        return lambda: torch.autograd.grad(fn(e, g), (e, g), dh)
+
+    def with_setting(fn, block, warps):
+        def call():
+            elementwise.BLOCK_SIZE = block
+            elementwise.launch = lambda kernel, grid, *args, **options: original_launch(kernel, grid, *args,
+                                                                                         num_warps=warps, **options)
+            try:
+                return fn()
+            finally:
+                elementwise.BLOCK_SIZE, elementwise.launch = original_block, original_launch
+        return call
+
+    for name, ours, hf in (("swiglu", kernels.swiglu, swiglu), ("geglu", kernels.geglu, geglu)):  # GeGLU: tanh
+        fns = {"compile": fwd_bwd(torch.compile(hf, dynamic=False))}
+        for block, warps in itertools.product((1024, 2048, 4096), (4, 8)):
+            fns[f"BLOCK_SIZE={block} num_warps={warps}"] = with_setting(fwd_bwd(ours), block, warps)
+        for setting, gpu in interleaved_graph_ms(fns).items():
+            print(f"{name} fwd+bwd {setting:30s} {gpu:.4f} ms", flush=True)
+
+
+KNOBS = {"rope": rope_knobs, "elementwise": elementwise_knobs}
 
 if __name__ == "__main__":
-    rope_knobs()
-    swiglu_knobs()
+    for knob in sys.argv[1:] or KNOBS:  # python scripts/tune.py [rope] [elementwise]
+        KNOBS[knob]()
