@@ -48,7 +48,7 @@ def host_us(fn) -> float:
     return best
 
 
-def launching(direct: bool, fn):
+def with_launch(direct: bool, fn):
     """fn with the launch path set before each call (so that competitors can be interleaved)."""
     def call():
         _launcher.DIRECT = direct
@@ -165,7 +165,7 @@ def rope_layers(shape: str) -> None:
         ]
         for launch, direct in LAUNCHES.items():
             for row, fn in rows:
-                print(f"rope {shape:5s} {name:6s} {launch:15s} {row:34s} {host_us(launching(direct, fn)):7.1f} us",
+                print(f"rope {shape:5s} {name:6s} {launch:15s} {row:34s} {host_us(with_launch(direct, fn)):7.1f} us",
                       flush=True)
     _launcher.DIRECT = True
 
@@ -191,8 +191,8 @@ def rope_fwd_bwd_rows(shape: str) -> None:
     calls = {"two clones + grad alone": lambda: torch.autograd.grad((Q0.clone(), K0.clone()), (Q0, K0), (dQ, dK)),
              "compile (HF's function)": fwd_bwd(lambda Q, K: compiled(Q, K, *rows))}
     for launch, direct in LAUNCHES.items():
-        calls[f"kernels plain, {launch}"] = launching(direct, fwd_bwd(lambda Q, K: kernels.rope(Q, K, cos, sin)))
-        calls[f"kernels packed, {launch}"] = launching(direct, fwd_bwd(lambda Q, K: kernels.rope(Q, K, cos, sin,
+        calls[f"kernels plain, {launch}"] = with_launch(direct, fwd_bwd(lambda Q, K: kernels.rope(Q, K, cos, sin)))
+        calls[f"kernels packed, {launch}"] = with_launch(direct, fwd_bwd(lambda Q, K: kernels.rope(Q, K, cos, sin,
                                                                                                  packed)))
     for name, (host, loop) in interleaved_host_and_loop_ms(calls, torch.cuda.synchronize).items():
         print(f"rope {shape:5s} fwd+bwd {name:36s} host {host * 1e3:7.1f} us, loop {loop * 1e3:7.1f} us", flush=True)
@@ -208,7 +208,7 @@ def main() -> None:
     calls = workloads()
     for name, fn in calls.items():
         for launch, direct in LAUNCHES.items():
-            print(f"kernels {name:34s} {launch:15s} {host_us(launching(direct, fn)):7.1f} us host per call",
+            print(f"kernels {name:34s} {launch:15s} {host_us(with_launch(direct, fn)):7.1f} us host per call",
                   flush=True)
     _launcher.DIRECT = True
     for name in ("rms_norm fwd+bwd", "rope fwd+bwd", "rope packed fwd (no autograd)"):

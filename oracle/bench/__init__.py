@@ -107,15 +107,15 @@ def median_ms(fn: Callable) -> float:
 
 def graph_ms(fn: Callable) -> float | None:
     """GPU time alone: the same call captured in a CUDA graph and replayed (no Python in the way);
-    None where the call cannot be captured."""
-    import triton.testing
+    None where the call cannot be captured (interleaved_graph_ms of one competitor)."""
+    return interleaved_graph_ms({"": fn})[""]
 
-    try:
-        return float(triton.testing.do_bench_cudagraph(fn, rep=GRAPH_REP_MS, return_mode="median"))
-    except Exception as exc:  # noqa: BLE001 - capture is not possible for every competitor
-        print(f"  (no CUDA-graph timing: {type(exc).__name__}: {str(exc)[:120]})", flush=True)
-        torch.cuda.synchronize()
-        return None
+
+def _in_turn(names: list[str], rounds: int):
+    """The order of each round when competitors take turns: every round starts one further along
+    (no rounds without competitors: every capture may have failed)."""
+    for round_ in range(rounds if names else 0):
+        yield names[round_ % len(names):] + names[:round_ % len(names)]
 
 
 GRAPH_ROUNDS = 10  # replays per competitor, as do_bench_cudagraph takes its median over ten
@@ -181,9 +181,8 @@ def interleaved_graph_ms(fns: dict[str, Callable], rounds: int = GRAPH_ROUNDS,
             if torch.cuda.is_available():  # let a failed capture's work finish before the next competitor's
                 torch.cuda.synchronize()
     times: dict[str, list[float]] = {name: [] for name in captured}
-    names = list(captured)
-    for round_ in range(rounds):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+    for order in _in_turn(list(captured), rounds):
+        for name in order:
             times[name].append(captured[name].replay_ms() / captured[name].calls)
     return {name: statistics.median(times[name]) if name in times else None for name in fns}
 
@@ -207,9 +206,8 @@ def interleaved_host_and_loop_ms(fns: dict[str, Callable], synchronize: Callable
         fn()
     host = {name: [] for name in fns}
     loop = {name: [] for name in fns}
-    names = list(fns)
-    for round_ in range(loops):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+    for order in _in_turn(list(fns), loops):
+        for name in order:
             synchronize()
             start = clock()
             for _ in range(calls):
@@ -295,16 +293,20 @@ def measure(work: Workload) -> list[Timing]:
     return out
 
 
+def _chosen(fns: dict[str, Callable], impls: list[str]) -> dict[str, Callable]:
+    return {impl: fns[impl] for impl in impls if impl in fns}
+
+
 def _gpu(fns: dict[str, Callable], impls: list[str]) -> dict[str, float | None]:
     """Interleaved GPU times (interleaved_graph_ms) of those of ``impls`` in ``fns``."""
-    chosen = {impl: fns[impl] for impl in impls if impl in fns}
+    chosen = _chosen(fns, impls)
     return interleaved_graph_ms(chosen) if chosen else {}
 
 
 def _wall(fns: dict[str, Callable], impls: list[str], sync) -> dict[str, tuple[float, float]]:
     """Interleaved host and loop times of those of ``impls`` in ``fns``; {} if one of them fails (the
     figures taken before stand, the wall columns stay empty)."""
-    chosen = {impl: fns[impl] for impl in impls if impl in fns}
+    chosen = _chosen(fns, impls)
     try:
         return interleaved_host_and_loop_ms(chosen, sync) if chosen else {}
     except Exception as exc:  # noqa: BLE001 - the other columns are measured already
