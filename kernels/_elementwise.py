@@ -3,14 +3,16 @@
 An activation module writes two @triton.jit kernels with these signatures (extra constexprs after
 BLOCK_SIZE pick a variant, e.g. GeLU's approximation):
 
-    forward(h_ptr, e_ptr, g_ptr, n_elements, COMPUTE, BLOCK_SIZE, ...)
+    forward(h_ptr, e_ptr, g_ptr, n_elements, COMPUTE, BLOCK_SIZE, WIDE, EVEN, ...)
         h = act(e) * g
-    backward(DW_ptr, e_ptr, g_ptr, h_ptr, df_ptr, de_ptr, n_elements, STORE_H, COMPUTE, BLOCK_SIZE, ...)
+    backward(DW_ptr, e_ptr, g_ptr, h_ptr, df_ptr, de_ptr, n_elements, STORE_H, COMPUTE, BLOCK_SIZE,
+             WIDE, EVEN, ...)
         df = DW * act(e), de = DW * g * act'(e), and h (if STORE_H); outputs may be the inputs' buffers
 
-and bundles them as ``GatedKernels``. This module launches them: a flat 1-D grid of BLOCK_SIZE
-elements per program with 64-bit offsets (tensors beyond 2**31 elements work), COMPUTE fp32 (fp64
-for fp64 inputs). It provides what every such activation's custom ops (kernels/_library.py) are
+and bundles them as ``GatedKernels``, with their launch settings. This module launches them: a
+flat 1-D grid of BLOCK_SIZE elements per program, offsets 64-bit only where 32 bits would overflow
+(``flat_launch``: tensors beyond 2**31 elements work), COMPUTE fp32 (fp64 for fp64 inputs). It
+provides what every such activation's custom ops (kernels/_library.py) are
 made of, and the checks their wrappers run first:
 
 - ``forward`` / ``backward``: the autograd op's two ops (a new h; new de and dg, any layout), with
@@ -40,8 +42,6 @@ from ._launcher import launch
 from ._library import tracing
 from ._runtime import interpreted, launching
 
-BLOCK_SIZE = 1024
-
 if interpreted():
     @triton.jit
     def exp(x):
@@ -55,19 +55,40 @@ else:
 
 
 @triton.jit
-def flat_block(n_elements, BLOCK_SIZE: tl.constexpr):
-    """This program's element offsets, 64-bit, and the mask of those inside the tensor."""
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-    return offsets, offsets < n_elements
+def flat_block(n_elements, BLOCK_SIZE: tl.constexpr, WIDE: tl.constexpr, EVEN: tl.constexpr):
+    """This program's element offsets and the mask of those inside the tensor (see flat_launch)."""
+    if WIDE:
+        start = tl.program_id(0).to(tl.int64) * BLOCK_SIZE
+    else:
+        start = tl.program_id(0) * BLOCK_SIZE
+    offsets = start + tl.arange(0, BLOCK_SIZE)
+    if EVEN:
+        mask = tl.full([BLOCK_SIZE], True, tl.int1)  # a constant mask: the compiler drops it
+    else:
+        mask = offsets < n_elements
+    return offsets, mask
+
+
+def flat_launch(n: int, block_size: int) -> dict[str, bool]:
+    """The constexprs that specialise flat_block to n elements, as torch.compile's kernels specialise
+    on their static sizes: 32-bit offsets (WIDE=False) while every block, rounded up, ends below
+    2**31, and no bounds test where blocks tile n exactly (EVEN). The kernels are memory-bound, but
+    GeLU's backward spends most of its instructions on arithmetic; the two cut it from 331 to 311
+    SASS instructions (sm_90, Triton 3.9)."""
+    return {"WIDE": n > 2**31 - block_size, "EVEN": n % block_size == 0}
 
 
 @dataclass(frozen=True)
 class GatedKernels:
-    """One activation's forward and backward kernels, and the constexprs that select its variant."""
+    """One activation's forward and backward kernels, the constexprs that select its variant, and
+    their launch: 8 elements per thread by default, one 16-byte access per tensor in 16-bit dtypes
+    (scripts/tune.py elementwise measures the settings against each other on a GPU)."""
 
     forward: triton.JITFunction
     backward: triton.JITFunction
     constexprs: dict[str, object] = field(default_factory=dict)
+    block_size: int = 1024  # elements per program
+    num_warps: int = 4
 
 
 def validate(raw: bool, **tensors: torch.Tensor) -> None:
@@ -99,14 +120,18 @@ def _is_dense(t: torch.Tensor) -> bool:
     return t.numel() == 0 or span == t.numel()
 
 
-def _launch_flat(kernel: triton.JITFunction, constexprs: dict, e: torch.Tensor, *pointers, **launch_constexprs) -> None:
-    """One flat launch over e's elements (computing in e's compute dtype); none for an empty e."""
+def _launch_flat(kernels: GatedKernels, kernel: triton.JITFunction, e: torch.Tensor, *pointers,
+                 **launch_constexprs) -> None:
+    """One flat launch of kernel (kernels' forward or backward) over e's elements, computing in e's
+    compute dtype; none for an empty e."""
     n = e.numel()
     if n == 0:
         return
+    block = kernels.block_size
     with launching():
-        launch(kernel, (cdiv(n, BLOCK_SIZE),), *pointers, n, **launch_constexprs, **constexprs,
-               COMPUTE=TL_COMPUTE[_checks.compute_dtype(e)], BLOCK_SIZE=BLOCK_SIZE)
+        launch(kernel, (cdiv(n, block),), *pointers, n, **launch_constexprs, **kernels.constexprs,
+               COMPUTE=TL_COMPUTE[_checks.compute_dtype(e)], BLOCK_SIZE=block, **flat_launch(n, block),
+               num_warps=kernels.num_warps)
 
 
 def _flat_walk(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -120,7 +145,7 @@ def forward(kernels: GatedKernels, e: torch.Tensor, g: torch.Tensor) -> torch.Te
     """A new h (laid out like e where e and g line up, else contiguous)."""
     e, g = _flat_walk(e, g)
     h = torch.empty_like(e)  # keeps e's (dense) strides, so the flat walk lines up
-    _launch_flat(kernels.forward, kernels.constexprs, e, h, e, g)
+    _launch_flat(kernels, kernels.forward, e, h, e, g)
     return h
 
 
@@ -129,7 +154,7 @@ def backward(kernels: GatedKernels, dh: torch.Tensor, e: torch.Tensor, g: torch.
     dh, e, g = _flat_walk(dh, e, g)
     de, dg = torch.empty_like(e), torch.empty_like(g)
     # h_ptr is never written (STORE_H=False); dg receives df, the gradient of g.
-    _launch_flat(kernels.backward, kernels.constexprs, e, dh, e, g, dg, dg, de, STORE_H=False)
+    _launch_flat(kernels, kernels.backward, e, dh, e, g, dg, dg, de, STORE_H=False)
     return de, dg
 
 
@@ -139,7 +164,7 @@ def raw_backward(kernels: GatedKernels, DW: torch.Tensor, e: torch.Tensor, g: to
     would receive two of the outputs."""
     _checks.require_unaliased({"DW": DW, "e": e, "g": g}, {})
     if e.numel():
-        _launch_flat(kernels.backward, kernels.constexprs, e, DW, e, g, DW, e, g, STORE_H=True)
+        _launch_flat(kernels, kernels.backward, e, DW, e, g, DW, e, g, STORE_H=True)
 
 
 # --- fakes and autograd formulas of the ops -------------------------------------------------------

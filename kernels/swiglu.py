@@ -36,8 +36,10 @@ def _swiglu_forward_kernel(
     n_elements,
     COMPUTE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    WIDE: tl.constexpr,  # 64-bit offsets (_elementwise.flat_launch)
+    EVEN: tl.constexpr,  # blocks tile the tensor: no bounds test
 ):
-    offsets, mask = flat_block(n_elements, BLOCK_SIZE)
+    offsets, mask = flat_block(n_elements, BLOCK_SIZE, WIDE, EVEN)
     dtype: tl.constexpr = h_ptr.dtype.element_ty
 
     e = tl.load(e_ptr + offsets, mask=mask, other=0.0).to(COMPUTE)
@@ -55,8 +57,10 @@ def _swiglu_backward_kernel(
     STORE_H: tl.constexpr,  # the raw kernel also recomputes h for the down-projection's weight grad
     COMPUTE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    WIDE: tl.constexpr,  # 64-bit offsets (_elementwise.flat_launch)
+    EVEN: tl.constexpr,  # blocks tile the tensor: no bounds test
 ):
-    offsets, mask = flat_block(n_elements, BLOCK_SIZE)
+    offsets, mask = flat_block(n_elements, BLOCK_SIZE, WIDE, EVEN)
     dtype: tl.constexpr = e_ptr.dtype.element_ty
 
     # Load everything before any store: outputs may alias the inputs element for element.

@@ -40,37 +40,51 @@ def rope_knobs():
 
 def elementwise_knobs():
     """SwiGLU's and GeGLU's forward+backward (what the benchmark's fwd+bwd target times) per BLOCK_SIZE
-    and num_warps of the flat launch, against torch.compile of HF's maths: GPU times from CUDA-graph
-    replays taken in turn (oracle.bench.interleaved_graph_ms), so the settings are compared in one run."""
+    and num_warps of the flat launch, and the flat specialisation (_elementwise.flat_launch) against
+    64-bit offsets with a bounds test everywhere, against torch.compile of HF's maths: GPU times from
+    CUDA-graph replays taken in turn (oracle.bench.interleaved_graph_ms), so the settings are compared
+    in one run. "shipped" is each activation's own GatedKernels setting."""
+    import dataclasses
+
     from oracle.bench import interleaved_graph_ms
     from oracle.ops.geglu import geglu
     from oracle.ops.swiglu import swiglu
 
-    e = torch.randn(16384, 14336, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    g = torch.randn_like(e, requires_grad=True)
-    dh = torch.randn_like(e)
-    original_block, original_launch = elementwise.BLOCK_SIZE, elementwise.launch
+    original_launch, original_flat = elementwise._launch_flat, elementwise.flat_launch
 
-    def fwd_bwd(fn):
-        return lambda: torch.autograd.grad(fn(e, g), (e, g), dh)
+    def with_setting(fn, block=None, warps=None, flat=None):
+        """fn with every flat launch it makes patched (None: the shipped choice)."""
+        def patched_launch(gated, *args, **constexprs):
+            gated = dataclasses.replace(gated, block_size=block or gated.block_size,
+                                        num_warps=warps or gated.num_warps)
+            original_launch(gated, *args, **constexprs)
 
-    def with_setting(fn, block, warps):
         def call():
-            elementwise.BLOCK_SIZE = block
-            elementwise.launch = lambda kernel, grid, *args, **options: original_launch(kernel, grid, *args,
-                                                                                         num_warps=warps, **options)
+            elementwise._launch_flat = patched_launch
+            if flat is not None:
+                elementwise.flat_launch = lambda n, block: flat
             try:
                 return fn()
             finally:
-                elementwise.BLOCK_SIZE, elementwise.launch = original_block, original_launch
+                elementwise._launch_flat, elementwise.flat_launch = original_launch, original_flat
         return call
 
-    for name, ours, hf in (("swiglu", kernels.swiglu, swiglu), ("geglu", kernels.geglu, geglu)):  # GeGLU: tanh
-        fns = {"compile": fwd_bwd(torch.compile(hf, dynamic=False))}
-        for block, warps in itertools.product((1024, 2048, 4096), (4, 8)):
-            fns[f"BLOCK_SIZE={block} num_warps={warps}"] = with_setting(fwd_bwd(ours), block, warps)
-        for setting, gpu in interleaved_graph_ms(fns).items():
-            print(f"{name} fwd+bwd {setting:30s} {gpu:.4f} ms", flush=True)
+    for dtype in (torch.bfloat16, torch.float16):
+        e = torch.randn(16384, 14336, device="cuda", dtype=dtype, requires_grad=True)
+        g = torch.randn_like(e, requires_grad=True)
+        dh = torch.randn_like(e)
+
+        def fwd_bwd(fn):
+            return lambda: torch.autograd.grad(fn(e, g), (e, g), dh)
+
+        for name, ours, hf in (("swiglu", kernels.swiglu, swiglu), ("geglu", kernels.geglu, geglu)):  # GeGLU: tanh
+            fns = {"compile": fwd_bwd(torch.compile(hf, dynamic=False)), "shipped": fwd_bwd(ours)}
+            for block, warps in itertools.product((1024, 2048, 4096), (4, 8)):
+                fns[f"BLOCK_SIZE={block} num_warps={warps}"] = with_setting(fwd_bwd(ours), block, warps)
+            fns["shipped, 64-bit + bounds test"] = with_setting(fwd_bwd(ours), flat={"WIDE": True, "EVEN": False})
+            for setting, gpu in interleaved_graph_ms(fns).items():
+                print(f"{name} {str(dtype)[6:]} fwd+bwd {setting:32s} {gpu:.4f} ms", flush=True)
+            torch._dynamo.reset()
 
 
 KNOBS = {"rope": rope_knobs, "elementwise": elementwise_knobs}

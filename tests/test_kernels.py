@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernels
-from kernels import _runtime
+from kernels import _elementwise, _runtime
 from oracle import reference as R
 from oracle.ops import SPECS, rope as rope_ops, swiglu as swiglu_ops
 from oracle.cases import Case
@@ -235,6 +235,43 @@ def test_raw_forward_refuses_inputs_that_require_grad_while_grad_mode_is_on(raw_
         h = raw_forward(e, g)
     assert not h.requires_grad and torch.equal(h, expected)
     assert torch.equal(raw_forward(e.detach(), g), expected)
+
+
+@pytest.mark.parametrize("block", (1024, 2048))
+def test_flat_launch_narrows_offsets_only_where_every_block_fits_32_bits(block):
+    """32-bit offsets up to the last size whose blocks, rounded up, end below 2**31; no bounds test
+    only where blocks tile the tensor exactly."""
+    most = 2**31 - block  # the largest tensor whose last block ends below 2**31
+    assert -(-most // block) * block - 1 <= 2**31 - 1
+    assert _elementwise.flat_launch(most, block) == {"WIDE": False, "EVEN": True}
+    assert _elementwise.flat_launch(most + 1, block) == {"WIDE": True, "EVEN": False}
+    assert _elementwise.flat_launch(2**31 + 3000, block) == {"WIDE": True, "EVEN": False}  # the test below
+    assert _elementwise.flat_launch(3 * block, block) == {"WIDE": False, "EVEN": True}
+    assert _elementwise.flat_launch(3 * block + 1, block) == {"WIDE": False, "EVEN": False}
+
+
+@pytest.mark.parametrize("op", ("swiglu", "geglu"))
+def test_flat_specialisations_give_the_same_bits(op, device, monkeypatch):
+    """Every (WIDE, EVEN) pair a tensor allows computes the same bits, forward and backward: the
+    specialisation changes only how offsets are formed and whether they are tested."""
+    gen = torch.Generator()
+    fn = getattr(kernels, op)
+    module = importlib.import_module(f"kernels.{op}")
+    block = (module.GEGLU["tanh"] if op == "geglu" else module.SWIGLU).block_size
+
+    def run(n, flags):
+        monkeypatch.setattr(_elementwise, "flat_launch", lambda *_: flags)
+        gen.manual_seed(n)
+        e, g, dh = (torch.randn(n, generator=gen).to(device, torch.bfloat16) for _ in range(3))
+        e.requires_grad_(), g.requires_grad_()
+        h = fn(e, g)
+        return (h, *torch.autograd.grad(h, (e, g), dh))
+
+    for n, evens in ((2 * block, (False, True)), (2 * block + 5, (False,))):
+        results = {(wide, even): run(n, {"WIDE": wide, "EVEN": even}) for wide in (False, True) for even in evens}
+        first = results[False, False]
+        for flags, got in results.items():
+            assert all(torch.equal(a, b) for a, b in zip(got, first)), (n, flags)
 
 
 @pytest.mark.gpu
