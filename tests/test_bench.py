@@ -250,17 +250,36 @@ def test_competitors_loops_are_taken_in_turn_each_round_in_another_order():
     def competitor(name, ms):
         def call():
             now[0] += ms * 1e-3
-            if not ran or ran[-1] != name:
-                ran.append(name)
+            ran.append(name)
         return call
 
     fns = {name: competitor(name, ms) for name, ms in (("kernels", 1.0), ("compile", 2.0), ("eager", 4.0))}
     walls = bench.interleaved_host_and_loop_ms(fns, lambda: None, calls=3, loops=4, clock=clock)
     assert {name: pytest.approx(wall) for name, wall in walls.items()} == {
         "kernels": (1.0, 1.0), "compile": (2.0, 2.0), "eager": (4.0, 4.0)}
-    rounds = [ran[3 + 3 * i:3 + 3 * (i + 1)] for i in range(4)]  # after the three warm-up calls
-    assert rounds == [["kernels", "compile", "eager"], ["compile", "eager", "kernels"],
-                      ["eager", "kernels", "compile"], ["kernels", "compile", "eager"]]
+    loops = [ran[3 + 3 * i:3 + 3 * (i + 1)] for i in range(12)]  # three calls each, after the three warm-up calls
+    assert all(len(set(calls)) == 1 for calls in loops)
+    rounds = [[calls[0] for calls in loops[3 * i:3 * (i + 1)]] for i in range(4)]
+    assert rounds == [["kernels", "compile", "eager"], ["eager", "compile", "kernels"],
+                      ["compile", "eager", "kernels"], ["compile", "kernels", "eager"]]
+
+
+@pytest.mark.parametrize("n", (2, 3, 4))
+def test_each_competitor_follows_both_its_neighbours_equally_often(n):
+    """Within rounds, no competitor is always timed right after the same one (a fixed cyclic order,
+    compile forever after eager's replays); over 2n rounds each follows the one before it in the list
+    and the one after it (cyclically) equally often, and every competitor runs once a round."""
+    names = [f"c{i}" for i in range(n)]
+    orders = list(bench._in_turn(names, 2 * n))
+    assert all(sorted(order) == names for order in orders)
+    follows = {name: [] for name in names}
+    for order in orders:
+        for before, after in zip(order, order[1:]):
+            follows[after].append(before)
+    for i, name in enumerate(names):
+        left, right = names[i - 1], names[(i + 1) % n]
+        assert set(follows[name]) <= {left, right}
+        assert follows[name].count(left) == follows[name].count(right) > 0 or left == right
 
 
 def test_competitors_gpu_replays_are_taken_in_turn_and_a_capture_that_fails_gives_none(capsys):
@@ -279,7 +298,7 @@ def test_competitors_gpu_replays_are_taken_in_turn_and_a_capture_that_fails_give
     gpu = bench.interleaved_graph_ms(fns, rounds=3, capture=capture)
     assert gpu == {"kernels": pytest.approx(1.0), "compile": pytest.approx(2.0), "liger": None,
                    "eager": pytest.approx(4.0)}
-    assert replayed == ["kernels", "compile", "eager", "compile", "eager", "kernels", "eager", "kernels", "compile"]
+    assert replayed == ["kernels", "compile", "eager", "eager", "compile", "kernels", "compile", "eager", "kernels"]
     assert "no CUDA-graph timing of liger: RuntimeError" in capsys.readouterr().out
 
 

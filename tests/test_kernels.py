@@ -5,6 +5,7 @@ opt-in modes, determinism). The table of bad inputs runs in tests/test_bad_input
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 
 import pytest
@@ -250,14 +251,32 @@ def test_flat_launch_narrows_offsets_only_where_every_block_fits_32_bits(block):
     assert _elementwise.flat_launch(3 * block + 1, block) == {"WIDE": False, "EVEN": False}
 
 
-@pytest.mark.parametrize("op", ("swiglu", "geglu"))
-def test_flat_specialisations_give_the_same_bits(op, device, monkeypatch):
+def _flat_ops() -> list[tuple[str, _elementwise.GatedKernels]]:
+    """Each declared op whose kernels launch through kernels/_elementwise, with the GatedKernels its
+    public function uses by default (a module's first)."""
+    found = []
+    for name in SPECS:
+        if importlib.util.find_spec(f"kernels.{name}") is None:
+            continue
+        values = vars(importlib.import_module(f"kernels.{name}")).values()
+        gated = [k for v in values for k in (v.values() if isinstance(v, dict) else (v,))
+                 if isinstance(k, _elementwise.GatedKernels)]
+        if gated:
+            found.append((name, gated[0]))
+    return found
+
+
+def test_every_flat_op_is_found():
+    assert len(_flat_ops()) >= 2
+
+
+@pytest.mark.parametrize("op,gated", _flat_ops(), ids=lambda x: x if isinstance(x, str) else "")
+def test_flat_specialisations_give_the_same_bits(op, gated, device, monkeypatch):
     """Every (WIDE, EVEN) pair a tensor allows computes the same bits, forward and backward: the
     specialisation changes only how offsets are formed and whether they are tested."""
     gen = torch.Generator()
     fn = getattr(kernels, op)
-    module = importlib.import_module(f"kernels.{op}")
-    block = (module.GEGLU["tanh"] if op == "geglu" else module.SWIGLU).block_size
+    block = gated.block_size
 
     def run(n, flags):
         monkeypatch.setattr(_elementwise, "flat_launch", lambda *_: flags)

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from oracle.ops import SPECS
 
@@ -29,6 +28,7 @@ if importlib.util.find_spec("liger_kernel") is None:
 SCRIPT = r"""
 import json, sys, torch
 from oracle.cases import CPU_BUDGET
+from oracle.devices import default_device
 from oracle.engine import run_case
 from oracle.impls import load
 from oracle.ops import SPECS
@@ -39,7 +39,7 @@ impl = load("peers.liger.impl:impl")
 verdicts = {}
 for op, count in (("relu_squared", 4), ("qwen2vl_mrope", 2)):
     cases = SPECS[op].stratified("float32", CPU_BUDGET)[:count]
-    results = [run_case(SPECS[op], case, impl, torch.device("cpu")) for case in cases]
+    results = [run_case(SPECS[op], case, impl, default_device()) for case in cases]
     verdicts[op] = [(result.case.summary(), result.passed, result.explain()) for result in results]
 print(json.dumps({"declared": declared, "given": [op for op in declared if impl.op(op) is not None],
                   "lacking": {op: why for op, why in impl.declared_lacking().items() if op in declared},
@@ -86,7 +86,7 @@ def test_float32_cases_pass(peer, op):
 
 
 @pytest.mark.parametrize("op", [name for name, spec in SPECS.items() if spec.liger is not None])
-def test_the_numbers_adapter_keeps_ligers_in_place_writes_from_the_caller(op):
+def test_the_numbers_adapter_keeps_ligers_in_place_writes_from_the_caller(op, device):
     """peers/liger/numbers.py: where --impl liger fails a case on its in-place writes alone (every
     numerical judgement ok), the adapter passes the same case, with the same numbers."""
     from oracle.cases import CPU_BUDGET
@@ -96,10 +96,10 @@ def test_the_numbers_adapter_keeps_ligers_in_place_writes_from_the_caller(op):
     adapter = load("peers.liger.numbers:impl")  # first: on a CPU it puts Liger's kernels in the interpreter
     liger = load("liger")
     for case in SPECS[op].stratified("float32", CPU_BUDGET)[:8]:
-        plain = run_case(SPECS[op], case, liger, torch.device("cpu"))
+        plain = run_case(SPECS[op], case, liger, device)
         if plain.findings:  # Liger writes in place where its layout lets it
             break
     assert plain.findings and all(v.passed for v in plain.verdicts), plain.explain()
-    numbers = run_case(SPECS[op], case, adapter, torch.device("cpu"))
+    numbers = run_case(SPECS[op], case, adapter, device)
     assert numbers.passed, numbers.explain()
     assert [v.max_abs for v in numbers.verdicts] == [v.max_abs for v in plain.verdicts]

@@ -112,10 +112,15 @@ def graph_ms(fn: Callable) -> float | None:
 
 
 def _in_turn(names: list[str], rounds: int):
-    """The order of each round when competitors take turns: every round starts one further along
-    (no rounds without competitors: every capture may have failed)."""
+    """The order of each round when competitors take turns: the list and its reverse alternate, each
+    pair of rounds starting one further along. Rotating one direction only would keep one cyclic
+    order, each competitor always right after the same one (compile after eager's slow replays);
+    here each follows both its neighbours in the list equally often. No rounds without competitors
+    (every capture may have failed)."""
     for round_ in range(rounds if names else 0):
-        yield names[round_ % len(names):] + names[:round_ % len(names)]
+        ordered = names if round_ % 2 == 0 else names[::-1]
+        shift = (round_ // 2) % len(names)
+        yield ordered[shift:] + ordered[:shift]
 
 
 GRAPH_ROUNDS = 10  # replays per competitor, as do_bench_cudagraph takes its median over ten
@@ -167,8 +172,8 @@ def _captured(fn: Callable, calls: int) -> Captured:
 
 def interleaved_graph_ms(fns: dict[str, Callable], rounds: int = GRAPH_ROUNDS,
                          capture: Callable[[Callable], Captured] = capture) -> dict[str, float | None]:
-    """GPU time per call of each competitor (graph_ms), the competitors' replays taken in turn, each
-    round starting one further along, and the median of ``rounds`` per competitor: a clock dip or
+    """GPU time per call of each competitor (graph_ms), the competitors' replays taken in turn (each
+    round in another order: _in_turn), and the median of ``rounds`` per competitor: a clock dip or
     another process during one competitor's replays falls on all of them alike (a GeGLU run measured
     0.912 against compile's 0.882 ms one after the other, where do_bench's wall times were 0.870 and
     0.867). None for a competitor whose calls cannot be captured."""
