@@ -157,8 +157,9 @@ def _geglu_backward_kernel(
 
 # tanh's launch, measured (scripts/tune.py elementwise, H200, forward+backward at Gemma-2-9B's MLP
 # shape): 8 warps of 2048 elements, still 8 per thread, took 1.2-2.3% less GPU time than 4 warps of
-# 1024 in six runs of one session (equal in an earlier session's one run); 4, 16 or 32 elements per
-# thread took 5-30% more. The exact GeLU keeps the default: the benchmark does not time it.
+# 1024 in six runs of one session (equal in an earlier session's one run); the other settings (4, 16
+# or 32 elements per thread) took 1-31% more. The exact GeLU keeps the default: the benchmark does not
+# time it.
 GEGLU = {
     "tanh": _elementwise.GatedKernels(_geglu_forward_kernel, _geglu_backward_kernel, {"TANH": True},
                                       block_size=2048, num_warps=8),
