@@ -25,6 +25,29 @@ def _version(package: str) -> str | None:
         return None
 
 
+def shadowed_hub_kernels() -> str | None:
+    """Why transformers cannot load its activations here, or None. transformers imports Hugging
+    Face's hub-kernels library by its import name, ``kernels``, whenever that distribution is installed
+    in the version window it supports (5.25 and later require it); where ``import kernels`` finds
+    another package first (this repository's kernels/ when run from its checkout), that import fails
+    with an ImportError far from the cause."""
+    if _version("kernels") is None:
+        return None
+    from importlib.util import find_spec
+
+    from transformers.utils.import_utils import is_kernels_available
+
+    spec = find_spec("kernels")
+    theirs = Path(metadata.distribution("kernels").locate_file("kernels/__init__.py")).resolve()
+    if spec is None or spec.origin is None or Path(spec.origin).resolve() == theirs or not is_kernels_available():
+        return None
+    return (f"`import kernels` finds {Path(spec.origin).parent}, not Hugging Face's hub-kernels library "
+            f"(kernels {_version('kernels')}, installed, and imported by that name by transformers "
+            f"{_version('transformers')} when its activations load), so transformers will fail to import here. "
+            "In this repository's checkout: pip install -e '.[test]' (transformers below 5.25) and "
+            "pip uninstall kernels; elsewhere, run from a directory where `kernels` is not another package.")
+
+
 def git_repository(folder: Path) -> tuple[str, str] | None:
     """The git repository holding ``folder``: its root and its commit (``-dirty`` with uncommitted
     changes to tracked files), or None."""

@@ -289,3 +289,45 @@ def test_the_plugin_is_inert_in_another_project(tmp_path):
         assert out.startswith("rc=4") and f"{option}: no implementation asked" in out, out
     out = pytest_("-p", "no:oracle.pytest_plugin", "--impl", "hf")
     assert out.startswith("rc=4") and "unrecognized arguments: --impl" in out, out
+
+
+# --- Hugging Face's `kernels` shadowed by another package of that name ------------------------------
+
+
+def _hub_kernels_metadata(site: Path) -> Path:
+    """A distribution named kernels in the version window this transformers supports, without its
+    package: what transformers reads (metadata) to decide it may import HF's hub-kernels library."""
+    from transformers.utils import import_utils
+
+    version = import_utils.KERNELS_MIN_VERSION
+    dist_info = site / f"kernels-{version}.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: kernels\nVersion: {version}\n")
+    return site
+
+
+def test_a_shadowed_hub_kernels_library_stops_the_suite_and_the_report_with_the_reason(tmp_path):
+    """HF's kernels installed (as transformers >= 5.25 requires) while the checkout's kernels/ takes the
+    name: transformers' own import would fail far from the cause, so both commands stop first, saying why."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(_hub_kernels_metadata(tmp_path))])}
+    for command, usage_error in (
+            (["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests/test_devices.py"], 4),
+            (["-m", "oracle.report", "--ops", "rms_norm"], 2)):
+        proc = subprocess.run([sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == usage_error, out
+        assert f"`import kernels` finds {ROOT / 'kernels'}, not Hugging Face's hub-kernels library" in out, out
+        assert "pip install -e '.[test]' (transformers below 5.25) and pip uninstall kernels" in out, out
+
+
+def test_hub_kernels_found_as_itself_or_absent_is_no_clash(monkeypatch):
+    """The shadowed case is the test above, end to end (transformers' own check reads real metadata)."""
+    from oracle import environment
+
+    assert environment.shadowed_hub_kernels() is None  # this environment: no distribution named kernels
+    ours = ROOT / "kernels" / "__init__.py"
+    monkeypatch.setattr(environment, "_version", lambda package: "0.19.1")
+    monkeypatch.setattr(importlib.metadata, "distribution",
+                        lambda name: SimpleNamespace(locate_file=lambda path: ours))
+    assert environment.shadowed_hub_kernels() is None  # what `import kernels` finds is the distribution's own

@@ -24,7 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..cases import FLOAT_DTYPES
 from .. import engine
 from ..devices import native_gpu
-from ..environment import environment, platform_key, separate_compile_caches, write_json_atomic, write_text_atomic
+from ..environment import (environment, platform_key, separate_compile_caches, shadowed_hub_kernels, write_json_atomic,
+                           write_text_atomic)
 from ..impls import ImplementationUnavailable, load
 from ..ops import SPECS
 from ..registry import DeclarationError, load_declared
@@ -93,6 +94,8 @@ def main(argv=None) -> int:
         args = parse(argv)
     except DeclarationError as exc:
         return _usage_error(console, exc)
+    if (why := shadowed_hub_kernels()) is not None:
+        return _usage_error(console, why)
     separate_compile_caches()  # the workers inherit it
     if args.noise_model:
         os.environ["ORACLE_NOISE_MODEL"] = args.noise_model  # the workers read it
