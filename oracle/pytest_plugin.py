@@ -108,16 +108,15 @@ def pytest_configure(config):
     config.oracle_impl_name = config.getoption("--impl") or config.getini("oracle_impl") or None
     _CONFIG["config"] = config
     name = _asked(config)
-    if name is not None:
-        from oracle.environment import shadowed_hub_kernels
-
-        if (why := shadowed_hub_kernels()) is not None:
-            raise pytest.UsageError(why)
     if name is None:
         for option in ("--ops", "--scale", "--op-module", "--noise-model"):
             if config.getoption(option):
                 raise pytest.UsageError(f"{option}: {INACTIVE}")
         return
+    from oracle.environment import shadowed_hub_kernels
+
+    if (why := shadowed_hub_kernels()) is not None:
+        raise pytest.UsageError(why)
     config.addinivalue_line("markers", "scale: the scale grid, the sizes people train at (opt in with --scale)")
     global INFLIGHT
     if hasattr(config, "workerinput"):  # an xdist worker: note into the controller's folder

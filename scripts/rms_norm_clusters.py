@@ -29,7 +29,7 @@ SETTINGS = [(1, 32), (2, 16), (2, 32), (4, 8), (4, 16), (4, 32), (8, 8), (8, 16)
 @triton.jit
 def _one_row_forward(Y_ptr, X_ptr, W_ptr, inv_var_ptr, n_cols, eps, BLOCK: tl.constexpr):
     """Llama's RMSNorm of one row per program (cluster), fp32 inside, without the shipped kernel's
-    layouts, eps split and Gemma variant: what the experiment needs to time."""
+    layouts, eps split and Gemma variant: what the experiment needs to compile."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols

@@ -62,7 +62,7 @@ def elementwise_knobs():
         def call():
             elementwise._launch_flat = patched_launch
             if flat is not None:
-                elementwise.flat_launch = lambda n, block: flat
+                elementwise.flat_launch = lambda n, block_size: flat
             try:
                 return fn()
             finally:

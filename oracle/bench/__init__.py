@@ -115,8 +115,8 @@ def _in_turn(names: list[str], rounds: int):
     """The order of each round when competitors take turns: the list and its reverse alternate, each
     pair of rounds starting one further along. Rotating one direction only would keep one cyclic
     order, each competitor always right after the same one (in the benchmark, compile's replays
-    right after eager's); here each follows both its neighbours in the list equally often. No rounds without competitors
-    (every capture may have failed)."""
+    right after eager's); here each follows both its neighbours in the list equally often. No
+    rounds without competitors (every capture may have failed)."""
     for round_ in range(rounds if names else 0):
         ordered = names if round_ % 2 == 0 else names[::-1]
         shift = (round_ // 2) % len(names)
