@@ -7,6 +7,7 @@ the benchmark's (oracle/bench/). Used to choose the defaults, not by the package
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import itertools
 import sys
@@ -44,8 +45,6 @@ def elementwise_knobs():
     64-bit offsets with a bounds test everywhere, against torch.compile of HF's maths: GPU times from
     CUDA-graph replays taken in turn (oracle.bench.interleaved_graph_ms), so the settings are compared
     in one run. "shipped" is each activation's own GatedKernels setting."""
-    import dataclasses
-
     from oracle.bench import interleaved_graph_ms
     from oracle.ops.geglu import geglu
     from oracle.ops.swiglu import swiglu
@@ -87,8 +86,47 @@ def elementwise_knobs():
             torch._dynamo.reset()
 
 
-KNOBS = {"rope": rope_knobs, "elementwise": elementwise_knobs}
+def elementwise_forward_knobs(repeats: int = 3):
+    """SwiGLU's and GeGLU's forward alone (the benchmark's forward and its wall target) per launch setting,
+    against torch.compile: GPU time (CUDA-graph replay) and the loop's wall per call (30 unsynchronised
+    calls, oracle.bench.interleaved_host_and_loop_ms), each taken in turn, ``repeats`` times, so that a
+    setting's edge is told from the run-to-run spread."""
+    from oracle.bench import interleaved_graph_ms, interleaved_host_and_loop_ms
+    from oracle.ops.geglu import geglu
+    from oracle.ops.swiglu import swiglu
+
+    original_launch = elementwise._launch_flat
+
+    def with_setting(fn, block, warps):
+        def patched_launch(gated, *args, **constexprs):
+            original_launch(dataclasses.replace(gated, block_size=block, num_warps=warps), *args, **constexprs)
+
+        def call():
+            elementwise._launch_flat = patched_launch
+            try:
+                return fn()
+            finally:
+                elementwise._launch_flat = original_launch
+        return call
+
+    e = torch.randn(16384, 14336, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn_like(e)
+    for name, ours, hf in (("swiglu", kernels.swiglu, swiglu), ("geglu", kernels.geglu, geglu)):
+        compiled = torch.compile(hf, dynamic=False)
+        fns = {"compile": lambda: compiled(e, g), "shipped": lambda: ours(e, g)}
+        for block, warps in ((1024, 4), (2048, 8), (4096, 8)):
+            fns[f"BLOCK_SIZE={block} num_warps={warps}"] = with_setting(lambda: ours(e, g), block, warps)
+        for repeat in range(repeats):
+            gpu = interleaved_graph_ms(fns)
+            wall = interleaved_host_and_loop_ms(fns, torch.cuda.synchronize)
+            for setting in fns:
+                print(f"{name} bfloat16 fwd #{repeat} {setting:32s} gpu {gpu[setting]:.4f} ms  "
+                      f"loop {wall[setting][1]:.4f} ms", flush=True)
+        torch._dynamo.reset()
+
+
+KNOBS = {"rope": rope_knobs, "elementwise": elementwise_knobs, "elementwise-forward": elementwise_forward_knobs}
 
 if __name__ == "__main__":
-    for knob in sys.argv[1:] or KNOBS:  # python scripts/tune.py [rope] [elementwise]
+    for knob in sys.argv[1:] or KNOBS:  # python scripts/tune.py [rope] [elementwise] [elementwise-forward]
         KNOBS[knob]()
