@@ -161,6 +161,44 @@ def test_gate_passes_5_percent():
     assert gate(_run(sweep_kernels_gpu=0.20 * 1.05), _run()).regressions == []
 
 
+def _with_copy(run: dict, copy_tbps: float = COPY_TBPS, scale: dict[str, float] | None = None) -> dict:
+    """``run`` with its copy bandwidth recorded and each named competitor's GPU times times its factor."""
+    scale = scale or {}
+    for t in [*run["timings"], *run["column_sweep"]]:
+        for attr in ("fwd_gpu_ms", "fwd_bwd_gpu_ms"):
+            t[attr] *= scale.get(t["impl"], 1.0)
+    return run | {"copy_tbps": copy_tbps}
+
+
+def test_gate_names_a_kernel_slower_against_both_compile_and_the_copy():
+    report = gate(_with_copy(_run(sweep_kernels_gpu=0.20 * 1.15)), _with_copy(_run()))
+    assert len(report.regressions) == 1 and report.peer_moved == []
+    assert report.regressions[0].startswith("rms_norm/gemma/256 cols/bfloat16/fwd_bwd (gpu): ratio to torch.compile")
+    assert "the kernels' time against the copy bandwidth +15.0%" in report.regressions[0]
+
+
+def test_gate_does_not_blame_the_kernels_when_compile_alone_got_faster():
+    """torch.compile 12% faster, the kernels and the copy as before (the H200's fp16 RoPE forward between
+    8d00d37's baseline and the run after it): every ratio grew 14%, none is a regression; each is named."""
+    report = gate(_with_copy(_run(), scale={"compile": 1 / 1.14}), _with_copy(_run()))
+    assert report.regressions == [] and len(report.peer_moved) == report.compared == 10
+    assert all("(+14%), the kernels' time against the copy bandwidth +0.0%: torch.compile's time moved" in line
+               for line in report.peer_moved)
+
+
+def test_gate_ignores_a_machine_slower_in_every_yardstick():
+    """Another H200 (or clocks) 20% slower in memory: the kernels', compile's and copy's figures all move,
+    the ratios do not."""
+    slower = _with_copy(_run(), copy_tbps=COPY_TBPS / 1.2, scale={"kernels": 1.2, "compile": 1.2})
+    report = gate(slower, _with_copy(_run()))
+    assert report.regressions == [] and report.peer_moved == []
+
+
+def test_gate_judges_the_ratio_alone_when_a_run_recorded_no_copy_bandwidth():
+    report = gate(_with_copy(_run(), scale={"compile": 1 / 1.14}), _run())
+    assert len(report.regressions) == 10 and report.peer_moved == []
+
+
 def test_gate_reports_new_and_gone_keys_without_failing():
     current, baseline = _run(), _run()
     current["column_sweep"] += [asdict(t) for t in _workload(65536, "llama", gpu=9.9)]
@@ -458,6 +496,28 @@ def test_a_gate_that_cannot_judge_exits_2_after_the_run(tmp_path, capsys, monkey
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert main(["--gate", "--baseline", str(_stored(tmp_path, here))]) == 2
     assert "the gate cannot judge against" in capsys.readouterr().err
+
+
+def _finished(run: dict) -> dict:
+    """A stored run as bench.run returns it on this machine."""
+    return run | {"environment": {"platform": bench.platform_key()}, "targets": [], "targets_held": 0,
+                  "targets_missed": 0, "elapsed_s": 1.0, "skipped": []}
+
+
+@pytest.mark.parametrize("scale, code, lines", [
+    ({"compile": 1 / 1.14}, 0, ["gate: not a regression: rms_norm/llama/bfloat16/fwd (gpu): ratio to torch.compile",
+                                "0 regressed, 10 moved with torch.compile alone"]),
+    ({"kernels": 1.15}, 1, ["REGRESSION rms_norm/llama/bfloat16/fwd (gpu): ratio to torch.compile", "10 regressed"]),
+    ({}, 0, ["gate: 10 ratios compared with", "0 regressed\n"]),
+])
+def test_the_gate_exits_1_only_for_the_kernels_own_slowdown(tmp_path, capsys, monkeypatch, scale, code, lines):
+    baseline = _finished(_with_copy(_run()))
+    monkeypatch.setattr(bench, "run", lambda **kwargs: _finished(_with_copy(_run(), scale=scale)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert main(["--gate", "--baseline", str(_stored(tmp_path, baseline))]) == code
+    out = capsys.readouterr().out
+    for line in lines:
+        assert line in out
 
 
 @pytest.mark.parametrize("argv", [["--widths", "256,abc"], ["--widths", "0"], ["--quick", "--widths", "256"],
