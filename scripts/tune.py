@@ -39,6 +39,26 @@ def rope_knobs():
     rope.rope_warps, rope.GROUP_SIZE = original_warps, original_group
 
 
+def with_flat_setting(fn, block=None, warps=None, flat=None):
+    """fn with every flat launch it makes patched: BLOCK_SIZE, num_warps, the flat specialisation's
+    constexprs (None: the shipped choice)."""
+    original_launch, original_flat = elementwise._launch_flat, elementwise.flat_launch
+
+    def patched_launch(gated, *args, **constexprs):
+        gated = dataclasses.replace(gated, block_size=block or gated.block_size, num_warps=warps or gated.num_warps)
+        original_launch(gated, *args, **constexprs)
+
+    def call():
+        elementwise._launch_flat = patched_launch
+        if flat is not None:
+            elementwise.flat_launch = lambda n, block_size: flat
+        try:
+            return fn()
+        finally:
+            elementwise._launch_flat, elementwise.flat_launch = original_launch, original_flat
+    return call
+
+
 def elementwise_knobs():
     """SwiGLU's and GeGLU's forward+backward (what the benchmark's fwd+bwd target times) per BLOCK_SIZE
     and num_warps of the flat launch, and the flat specialisation (_elementwise.flat_launch) against
@@ -48,25 +68,6 @@ def elementwise_knobs():
     from oracle.bench import interleaved_graph_ms
     from oracle.ops.geglu import geglu
     from oracle.ops.swiglu import swiglu
-
-    original_launch, original_flat = elementwise._launch_flat, elementwise.flat_launch
-
-    def with_setting(fn, block=None, warps=None, flat=None):
-        """fn with every flat launch it makes patched (None: the shipped choice)."""
-        def patched_launch(gated, *args, **constexprs):
-            gated = dataclasses.replace(gated, block_size=block or gated.block_size,
-                                        num_warps=warps or gated.num_warps)
-            original_launch(gated, *args, **constexprs)
-
-        def call():
-            elementwise._launch_flat = patched_launch
-            if flat is not None:
-                elementwise.flat_launch = lambda n, block_size: flat
-            try:
-                return fn()
-            finally:
-                elementwise._launch_flat, elementwise.flat_launch = original_launch, original_flat
-        return call
 
     for dtype in (torch.bfloat16, torch.float16):
         e = torch.randn(16384, 14336, device="cuda", dtype=dtype, requires_grad=True)
@@ -79,8 +80,8 @@ def elementwise_knobs():
         for name, ours, hf in (("swiglu", kernels.swiglu, swiglu), ("geglu", kernels.geglu, geglu)):  # GeGLU: tanh
             fns = {"compile": fwd_bwd(torch.compile(hf, dynamic=False)), "shipped": fwd_bwd(ours)}
             for block, warps in itertools.product((1024, 2048, 4096), (4, 8)):
-                fns[f"BLOCK_SIZE={block} num_warps={warps}"] = with_setting(fwd_bwd(ours), block, warps)
-            fns["shipped, 64-bit + bounds test"] = with_setting(fwd_bwd(ours), flat={"WIDE": True, "EVEN": False})
+                fns[f"BLOCK_SIZE={block} num_warps={warps}"] = with_flat_setting(fwd_bwd(ours), block, warps)
+            fns["shipped, 64-bit + bounds test"] = with_flat_setting(fwd_bwd(ours), flat={"WIDE": True, "EVEN": False})
             for setting, gpu in interleaved_graph_ms(fns).items():
                 print(f"{name} {str(dtype)[6:]} fwd+bwd {setting:32s} {gpu:.4f} ms", flush=True)
             torch._dynamo.reset()
@@ -95,27 +96,13 @@ def elementwise_forward_knobs(repeats: int = 3):
     from oracle.ops.geglu import geglu
     from oracle.ops.swiglu import swiglu
 
-    original_launch = elementwise._launch_flat
-
-    def with_setting(fn, block, warps):
-        def patched_launch(gated, *args, **constexprs):
-            original_launch(dataclasses.replace(gated, block_size=block, num_warps=warps), *args, **constexprs)
-
-        def call():
-            elementwise._launch_flat = patched_launch
-            try:
-                return fn()
-            finally:
-                elementwise._launch_flat = original_launch
-        return call
-
     e = torch.randn(16384, 14336, device="cuda", dtype=torch.bfloat16)
     g = torch.randn_like(e)
     for name, ours, hf in (("swiglu", kernels.swiglu, swiglu), ("geglu", kernels.geglu, geglu)):
         compiled = torch.compile(hf, dynamic=False)
         fns = {"compile": lambda: compiled(e, g), "shipped": lambda: ours(e, g)}
         for block, warps in ((1024, 4), (2048, 8), (4096, 8)):
-            fns[f"BLOCK_SIZE={block} num_warps={warps}"] = with_setting(lambda: ours(e, g), block, warps)
+            fns[f"BLOCK_SIZE={block} num_warps={warps}"] = with_flat_setting(lambda: ours(e, g), block, warps)
         for repeat in range(repeats):
             gpu = interleaved_graph_ms(fns)
             wall = interleaved_host_and_loop_ms(fns, torch.cuda.synchronize)
