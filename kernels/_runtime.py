@@ -2,58 +2,46 @@
 
 Importing this module picks the backend. It must happen before any ``@triton.jit`` decorator runs,
 because Triton reads ``TRITON_INTERPRET`` when a kernel is decorated; ``kernels/__init__.py``
-imports it first. The choice and the interpreter's bf16 cast correction are the harness's
-(oracle/interpreter.py, Notes [Triton on the CPU] and [bf16 under the interpreter]), which it
-applies to any implementation it loads; the kernels use the same, so that ``import kernels`` on a
-CPU gives the GPU's bf16 bits outside the harness too.
+imports it first. This package depends on no harness: under one (``--impl kernels``) the harness
+has already chosen the interpreter and made its casts and 16-bit arithmetic compute as a GPU does,
+as it does for any library's kernels, before this module is imported. Imported alone on a CPU, the
+kernels run in Triton's interpreter as it is (whose bf16 casts truncate: docs/design.md §5).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 
 import torch
 
-from oracle import interpreter
-from oracle.interpreter import ensure_faithful_bf16, probe_bf16_casts, uncorrected_bf16_casts  # noqa: F401 (API)
-
-interpreter.choose_backend()
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+    # Triton's own @jit helpers (tl.sum, ...) built before the choice would refuse to run in the
+    # interpreter: drop its Python modules so the next import builds them again (its C extension stays).
+    for _name in [n for n in sys.modules if n.split(".")[0] == "triton" and not n.startswith("triton._C")]:
+        del sys.modules[_name]
 
 import numpy as np  # noqa: E402
 import triton  # noqa: E402
 
 
-# Fixed once triton is imported (above), and asked on every call's path.
-interpreted = functools.cache(interpreter.interpreted)
-
-
-def kernel_device() -> torch.device:
-    """The device tensors should live on for the kernels to run natively."""
-    if interpreted() or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
+@functools.cache
+def interpreted() -> bool:
+    """Whether the kernels run in Triton's interpreter: fixed once triton is imported (above), and
+    asked on every call's path."""
+    return bool(triton.knobs.runtime.interpret)
 
 
 _NATIVE_LAUNCH = contextlib.nullcontext()
 
 
 def launching() -> contextlib.AbstractContextManager:
-    """Wrap every kernel launch: bf16 casts made faithful first, and under the interpreter numpy's
-    warnings on IEEE overflow silenced (exp(1000) = inf and 70000 cast to fp16 = inf are what the
-    GPU computes too, silently, and what HF computes). On a GPU a shared no-op: it is on every call's path."""
-    if not interpreted():  # nothing to correct on a GPU (ensure_faithful_bf16 answers "native")
+    """Wrap every kernel launch: under the interpreter numpy's warnings on IEEE overflow silenced
+    (exp(1000) = inf and 70000 cast to fp16 = inf are what the GPU computes too, silently, and what HF
+    computes). On a GPU a shared no-op: it is on every call's path."""
+    if not interpreted():
         return _NATIVE_LAUNCH
-    ensure_faithful_bf16()
     return np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore")
-
-
-def runtime_summary() -> dict[str, str]:
-    """What the kernels run on, for reports and failure messages."""
-    return {
-        "backend": "triton-interpreter" if interpreted() else "cuda",
-        "device": torch.cuda.get_device_name() if not interpreted() and torch.cuda.is_available() else "cpu",
-        "triton": triton.__version__,
-        "torch": torch.__version__,
-        "bf16_casts": ensure_faithful_bf16(),
-    }

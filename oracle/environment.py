@@ -72,7 +72,7 @@ def git_commit() -> str | None:
 
 def platform_key() -> str:
     """'cpu-interpreter', or 'cuda-' + the GPU's name (e.g. 'cuda-NVIDIA-H200')."""
-    from .devices import native_gpu
+    from oracle.engine.devices import native_gpu
 
     if not native_gpu():
         return "cpu-interpreter"
@@ -95,7 +95,7 @@ def host_maths(device=None) -> dict:
 
     import numpy as np
 
-    from .devices import default_device, native_gpu
+    from oracle.engine.devices import default_device, native_gpu
 
     device = device or (default_device() if native_gpu() else torch.device("cpu"))
     probe = torch.linspace(-9, 9, 4099, dtype=torch.float64, device=device)
@@ -135,15 +135,13 @@ def _cpu_model() -> str:
 
 
 def environment() -> dict:
-    # This project's kernels describe their runtime (interpreter or GPU, bf16 casts) when the run
-    # loaded them; another implementation's run does not import them for the sake of a label.
-    from . import interpreter
-    from .devices import native_gpu
-    from .engine import noise_rule
+    # Where the Triton kernels of the implementation the run loaded ran (interpreter or GPU, bf16 casts);
+    # nothing is imported for the sake of a label.
+    from oracle import interpreter
+    from oracle.engine.devices import native_gpu
+    from oracle.engine import noise_rule
 
-    runtime = sys.modules.get("kernels._runtime")
-    summary = runtime.runtime_summary() if runtime else {}
-    summary = summary or interpreter.loaded_runtime() or {}  # another implementation's Triton kernels
+    summary = interpreter.loaded_runtime() or {}
     return {
         "platform": platform_key(),
         "device": summary.get("device") or (torch.cuda.get_device_name() if native_gpu() else "cpu"),

@@ -12,10 +12,10 @@ Active:
 - ``--impl NAME|module:attr`` picks the implementation the generic tests (oracle/suite/) judge,
   ``--ops a,b`` restricts the ops asked of it, ``--scale`` adds the scale grid (tests marked
   ``scale``: the sizes people train at, one case at a time per GPU; deselected without it).
-  Before anything runs, the implementation is loaded and must provide every op asked (oracle/impls.py, ``select``): an unimportable module, a typo in
+  Before anything runs, the implementation is loaded and must provide every op asked (oracle/declare/implementations.py, ``select``): an unimportable module, a typo in
   an op name or a missing op fails the session with the reason; ops it declares it lacks are
   skipped and listed at the end.
-- Each worker runs on its own GPU when there are several (oracle/devices.py), else the CPU
+- Each worker runs on its own GPU when there are several (oracle/engine/devices.py), else the CPU
   interpreter. The device of every worker is logged in the summary.
 - Hypothesis profiles: ``ci`` (loaded when CI is set: derandomized, no deadline, bounded examples),
   ``dev`` (the default: example database on), ``thorough`` (opt in: many examples) and ``sample``
@@ -191,12 +191,12 @@ def _settle(config) -> None:
     """Load the implementation and the declarations, check the noise model, settle the ops asked."""
     name = _asked(config)
     from oracle import engine
-    from oracle.impls import ImplementationUnavailable, load
-    from oracle.ops import SPECS
+    from oracle.declare.implementations import ImplementationUnavailable, load
+    from oracle.declare.registry import SPECS
 
     if _record_inflight not in engine.INFLIGHT_HOOKS:
         engine.INFLIGHT_HOOKS.append(_record_inflight)
-    from oracle.registry import DeclarationError, load_declared
+    from oracle.declare.registry import DeclarationError, load_declared
     from oracle.environment import separate_compile_caches
 
     separate_compile_caches()
@@ -265,7 +265,7 @@ def pytest_collection_modifyitems(config, items):
         if len(kept) < len(items):
             config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("scale")])
             items[:] = kept
-    from oracle.impls import load
+    from oracle.declare.implementations import load
 
     impl = load(_asked(config))
     unasked = []
@@ -303,7 +303,7 @@ def _require_active(request) -> str:
 @pytest.fixture(scope="session")
 def device(request):
     _require_active(request)
-    from oracle.devices import default_device
+    from oracle.engine.devices import default_device
 
     return default_device()
 
@@ -316,7 +316,7 @@ def impl_name(request) -> str:
 @pytest.fixture(scope="session")
 def impl(request):
     name = _require_active(request)
-    from oracle.impls import load
+    from oracle.declare.implementations import load
 
     return load(name)  # pytest_configure has loaded it once already
 
@@ -399,7 +399,7 @@ def pytest_sessionfinish(session):
     if _asked(session.config) is None:
         return
     from oracle import engine
-    from oracle.devices import default_device
+    from oracle.engine.devices import default_device
 
     counts = {f"{op}|{dtype}": n for (op, dtype), n in engine.CASES_RUN.items()}
     if hasattr(session.config, "workeroutput"):  # an xdist worker: hand the counts to the controller
@@ -425,9 +425,9 @@ def coverage_lines(coverage: Counter) -> list[str]:
     """Per op: what the session's cases and aliasing checks covered out of what its spec declares
     (variant x dtype, input and gradient layouts, kinds of values, cases past the tiles, and
     check x variant x dtype), naming whatever was missed."""
-    from oracle import aliasing
+    from oracle.checks import aliasing
     from oracle.cases import FLOAT_DTYPES
-    from oracle.ops import SPECS
+    from oracle.declare.registry import SPECS
 
     cases = [key[1:] for key in coverage if key[0] == "case"]
     checks = {key[1:] for key in coverage if key[0] == "check"}
@@ -464,7 +464,7 @@ def pytest_terminal_summary(terminalreporter, config):
     name = _asked(config)
     if name is None:
         return
-    from oracle.devices import default_device, worker_index
+    from oracle.engine.devices import default_device, worker_index
 
     write = terminalreporter.write_line
     lacking = getattr(config, "oracle_not_tested", {})

@@ -2,7 +2,7 @@
 
 Every failure the tests or the report print ends with this command. Without ``--check`` it runs
 the differential comparison (with the aliasing checks that come with it); with it, one of the
-graph checks of oracle/aliasing.py; with ``--float64``, the float64 check of a float64 case
+graph checks of oracle/checks/aliasing.py; with ``--float64``, the float64 check of a float64 case
 (gradcheck). Exit status: 0 pass, 1 fail/error, 2 bad usage.
 """
 
@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import aliasing
-from .cases import Case
-from .devices import default_device
-from .engine import Float64Failure, check_float64, run_case
-from .environment import separate_compile_caches
-from .impls import ImplementationUnavailable, load
-from .ops import SPECS
-from .registry import DeclarationError, load_declared
+from oracle.checks import aliasing
+from oracle.cases import Case
+from oracle.engine.devices import default_device
+from oracle.engine import Float64Failure, check_float64, run_case
+from oracle.environment import separate_compile_caches
+from oracle.declare.implementations import ImplementationUnavailable, load
+from oracle.declare.registry import SPECS
+from oracle.declare.registry import DeclarationError, load_declared
 
 
 def parser() -> argparse.ArgumentParser:

@@ -19,11 +19,11 @@ import time
 
 from hypothesis import HealthCheck, given, settings
 
-from oracle.devices import case_budget, default_device
+from oracle.engine.devices import case_budget, default_device
 from oracle.engine import noise_rule, run_case
-from oracle.impls import load
-from oracle.ops import SPECS
-from oracle.registry import load_declarations
+from oracle.declare.implementations import load
+from oracle.declare.registry import SPECS
+from oracle.declare.registry import load_declarations
 
 
 def drawn(spec, dtype: str, count: int) -> list:

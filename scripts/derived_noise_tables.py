@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from oracle import engine  # noqa: E402
 from oracle.cases import CPU_BUDGET, FLOAT_DTYPES  # noqa: E402
 from oracle.noise import rounding  # noqa: E402
-from oracle.ops import SPECS  # noqa: E402
-from oracle.specs import DTYPES  # noqa: E402
+from oracle.declare.registry import SPECS  # noqa: E402
+from oracle.declare.spec import DTYPES  # noqa: E402
 
 
 def _cases(spec, dtype: str) -> list:

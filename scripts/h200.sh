@@ -90,7 +90,7 @@ for step in "$@"; do
     liger-tests)
       CI=true timeout 300 python3 -m pytest -n 8 -q -p no:cacheprovider tests/test_ops.py --impl liger 2>&1 \
         | tee "$OUT/pytest-liger-h200.log" | tail -30;;
-    unsloth-tests)  # Unsloth's kernels (oracle/adapters/unsloth.py; carry its two wheels in .whl): the generic suite
+    unsloth-tests)  # Unsloth's kernels (peers/unsloth/adapter.py; carry its two wheels in .whl): the generic suite
       CI=true timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -n auto -p no:cacheprovider tests/test_ops.py --impl unsloth \
         2>&1 | tee "$OUT/pytest-unsloth-h200.log" | tail -30
       CI=true timeout 200 python3 -m pytest -n auto -p no:cacheprovider tests/test_ops.py --impl unsloth-inplace \
@@ -109,7 +109,7 @@ for step in "$@"; do
       echo "liger-peer exit $?"; grep -E "(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-liger-peer-h200.log" | tail -60
       grep -cE " PASSED" "$OUT/pytest-liger-peer-h200.log";;
     liger-autotune)  # the 60 s target of an autotuned op's generic suite: Liger's DyT (18 configs keyed on the width,
-      # forward and backward), each case judging one config (oracle/autotune.py), wall time of the whole pytest run
+      # forward and backward), each case judging one config (oracle/engine/autotune.py), wall time of the whole pytest run
       TIMEFORMAT="dyt suite wall %R s"; time (CI=true liger_peer timeout ${AUTOTUNE_TIMEOUT:-120} python3 -m pytest -n auto -v \
         -p no:cacheprovider --pyargs oracle.suite --op-module peers.liger.ops --impl peers.liger.impl:impl --ops dyt \
         > "$OUT/pytest-liger-dyt-h200.log" 2>&1); grep -E "(FAILED|ERROR) | (passed|failed).* in " "$OUT/pytest-liger-dyt-h200.log";;

@@ -1,7 +1,7 @@
 """The derived noise model's results on a fixed set of cases, saved and compared bit for bit: the
 check that a change meant to make oracle/noise cheaper changes none of its numbers.
 
-For every op of oracle.ops.SPECS (the built-in ones and the declared ops of tests/declared_project),
+For every op of oracle.declare.registry.SPECS (the built-in ones and the declared ops of tests/declared_project),
 every float dtype and the first ``--cases`` stratified cases of each, under both noise models
 (ORACLE_NOISE_MODEL=declared and derived), it keeps what ``engine.prepare`` gives the verdict
 (element noise, order noise, the noise without fast maths' room, the typical room, truth and the
@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT / "tests" / "declared_project"))
 
 from oracle import engine, noise  # noqa: E402
 from oracle.cases import CPU_BUDGET, FLOAT_DTYPES  # noqa: E402
-from oracle.registry import load_declarations  # noqa: E402
+from oracle.declare.registry import load_declarations  # noqa: E402
 
 load_declarations("declared_ops")
-from oracle.ops import SPECS  # noqa: E402
+from oracle.declare.registry import SPECS  # noqa: E402
 
 MODELS = ("declared", "derived")
 

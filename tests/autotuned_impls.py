@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from oracle.impls import implementation
+from oracle.declare.implementations import implementation
 
 
 def _configs(second_is_wrong: bool) -> list:

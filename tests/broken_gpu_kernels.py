@@ -27,7 +27,7 @@ import kernels  # noqa: F401 - before triton: it picks the interpreter on a mach
 import triton
 import triton.language as tl
 
-from oracle.ops import SPECS
+from oracle.declare.registry import SPECS
 
 BLOCK_SIZE = 1024
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import kernels  # before triton: it picks the interpreter on a machine without a GPU
 import triton
 import triton.language as tl
-from oracle.ops import SPECS
+from oracle.declare.registry import SPECS
 from oracle.ops import rms_norm as norm_ops, rope as rope_ops, swiglu as swiglu_ops
 
 # --- the differential verdict ----------------------------------------------------------------------
@@ -847,7 +847,7 @@ def rms_norm_bf16_partials_past(past: int, tile: int):
 rms_norm_bf16_partials_past_64k_rows = SimpleNamespace(rms_norm=rms_norm_bf16_partials_past(65536, 4096))
 
 
-# --- inside torch.compile (oracle/compile_check.py) -------------------------------------------------
+# --- inside torch.compile (oracle/checks/compile.py) -------------------------------------------------
 #
 # Each breaks only what torch.compile sees: in eager mode every one of them gives the kernels' bits.
 

@@ -1,5 +1,5 @@
 """Small Triton kernels written as third-party libraries write them, for tests/test_interpreter_fidelity.py:
-each uses one thing the CPU interpreter got wrong or could not run before oracle/interpreter.py's
+each uses one thing the CPU interpreter got wrong or could not run before oracle/interpreter/'s
 corrections (issue 34, point 1). Loaded through ``oracle.interpreter.prepare_for``, as the harness
 loads any implementation; nothing here shims Triton.
 """

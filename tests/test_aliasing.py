@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oracle import aliasing
+from oracle.checks import aliasing
 from oracle.cases import Case
 from oracle.engine import run_case
-from oracle.impls import load
-from oracle.memory import MARGIN_BYTES, MARGIN_CAP_BYTES, GuardedTensor
-from oracle.ops import SPECS
+from oracle.declare.implementations import load
+from oracle.checks.memory import MARGIN_BYTES, MARGIN_CAP_BYTES, GuardedTensor
+from oracle.declare.registry import SPECS
 
 RMS = Case("rms_norm", "llama", "bfloat16", {"lead": [2, 3], "cols": 40}, "contiguous", "normal",
            {"eps": 1e-6, "weight": "same"}, seed=11)

@@ -1,4 +1,4 @@
-"""Autotuned kernels under the engine (oracle/autotune.py, Note [One config per case]): each case runs
+"""Autotuned kernels under the engine (oracle/cases/autotune.py, Note [One config per case]): each case runs
 one config, chosen by the case's number, so a run's cases judge every config, the same case always
 runs the same one (its repro too), and the failure text names the config that judged it."""
 
@@ -9,11 +9,11 @@ import threading
 import pytest
 import torch
 
-from oracle import autotune
+from oracle.cases import autotune
 from oracle.cases import CPU_BUDGET
 from oracle.engine import run_case
-from oracle.impls import load
-from oracle.ops import SPECS
+from oracle.declare.implementations import load
+from oracle.declare.registry import SPECS
 
 OP = "swiglu_fg_kernel"
 # the large and non-finite cases overflow exp in the interpreter's numpy, as on a GPU (silently there)

@@ -1,6 +1,6 @@
 """Bad input never gets a wrong answer from the kernels: the spec table of error inputs.
 
-Every ``ErrorInput`` of every spec (oracle/specs.py) is run against the kernels (this file tests the
+Every ``ErrorInput`` of every spec (oracle/declare/spec.py) is run against the kernels (this file tests the
 kernels themselves, whatever ``--impl`` says): an entry that expects an error must raise it, with its
 message, before any kernel launch; an entry that expects HF's result must return it, judged by the
 oracle's verdict. Then what no table row can express: position ids rewritten behind autograd's back
@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import kernels
-from oracle import reference as R
-from oracle.compare import judge
-from oracle.ops import SPECS
+from oracle.declare import reference as R
+from oracle.verdict import judge
+from oracle.declare.registry import SPECS
 from tests.test_kernels import no_launch, refuse_launches  # noqa: F401  (no_launch: a fixture)
 
 def in_a_process_of_its_own(code: str) -> subprocess.CompletedProcess:
@@ -74,7 +74,7 @@ def test_bad_input_raises_before_any_launch(op, entry, device, monkeypatch):
     if entry.in_kernel_on_gpu and device.type == "cuda":  # there, the kernel that reads it checks it
         assert_stopped_by_the_kernel(in_a_process_of_its_own(f"""
             import kernels
-            from oracle.ops import SPECS
+            from oracle.declare.registry import SPECS
             spec = SPECS[{op!r}]
             entry = next(e for e in spec.error_inputs() if e.description == {entry.description!r})
             spec.call(getattr(kernels, {op!r}), entry.args(torch.device("cuda")))"""))

@@ -13,8 +13,8 @@ import torch
 
 from oracle import bench
 from oracle.bench import GateRefused, Timing, gate, host_and_loop_ms, main, ratios_to_compile, tally, targets
-from oracle.ops import SPECS
-from oracle.workload import Bench, Workload
+from oracle.declare.registry import SPECS
+from oracle.bench.workload import Bench, Workload
 
 FIXTURE = Path(__file__).parent / "data" / "bench" / "sweep-small.json"
 COPY_TBPS = 4.0

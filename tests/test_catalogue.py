@@ -17,8 +17,9 @@ from hypothesis import Phase, settings
 
 import oracle.suite.test_contract as suite
 from oracle.cases import FLOAT_DTYPES
-from oracle.impls import load
-from oracle.ops import MODULES, SPECS
+from oracle.declare.implementations import load
+from oracle.declare.registry import SPECS
+from oracle.ops import MODULES
 from oracle.ops import rms_norm as norm_ops
 from oracle.suite.test_contract import _differential_test
 from tests.broken_impls import CATALOGUE, Bug

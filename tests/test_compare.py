@@ -1,4 +1,4 @@
-"""The metrics and the verdict (oracle/compare.py) on crafted tensors with known answers."""
+"""The metrics and the verdict (oracle/verdict/) on crafted tensors with known answers."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from oracle import compare
-from oracle import reference as R
+from oracle import verdict as compare
+from oracle.declare import reference as R
 from oracle.ops import rms_norm as norm_ops
-from oracle.compare import Spread, bit_identical, judge, summation_noise, ulp_distance, ulp_of, ulps_of
+from oracle.verdict import Spread, bit_identical, judge, summation_noise, ulp_distance, ulp_of, ulps_of
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 _INT = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
@@ -180,7 +180,7 @@ def test_ulps_of_matches_ulp_of_per_element():
 def test_hf_itself_and_an_equally_accurate_order_pass_all_three():
     """Gemma's cast order used for Llama (scale in fp32, round once): as accurate as HF, other bits.
     Judged with the spec's own noise model, it passes every judgement; it shows as drift only."""
-    from oracle.ops import SPECS
+    from oracle.declare.registry import SPECS
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(64, 256, generator=gen).bfloat16()
@@ -251,7 +251,7 @@ def test_another_summation_order_passes_in_fp32_and_a_16_bit_sum_fails():
     accumulated sequentially in fp32 moves every element of a row by the same few u_c, a mean error
     several times HF's; the spec's order noise gives exactly that room. The same sum kept in bf16 is
     a precision loss the distribution judgement still sees."""
-    from oracle.ops import SPECS
+    from oracle.declare.registry import SPECS
 
     spec = SPECS["rms_norm"]
     gen = torch.Generator().manual_seed(0)

@@ -5,11 +5,11 @@
   what ``kernels.CLOBBERS`` declares.
 - Tiny patched Hugging Face models (Llama, Gemma 3; tests/test_models.py's, one layer) compile with
   ``fullgraph=True``: graph breaks counted before (the kernels fenced off by torch.compiler.disable,
-  as they were) and after (none); compiled as the check compiles (``aot_eager``, oracle/compile_check.py,
+  as they were) and after (none); compiled as the check compiles (``aot_eager``, oracle/checks/compile.py,
   Note [The backend]) they train with the eager patched model's bits: logits, loss and every
   gradient at each step, parameters after SGD steps. With Inductor they compile whole and pass the
   verdict against HF.
-- The compile check (oracle/compile_check.py) catches each planted bug of tests/broken_impls.py,
+- The compile check (oracle/checks/compile.py) catches each planted bug of tests/broken_impls.py,
   notes the graph breaks of an implementation that does not declare COMPILES, and passes the
   kernels and ``--impl hf``.
 """
@@ -27,10 +27,11 @@ import torch
 
 import kernels
 from kernels import _runtime, patching
-from oracle import aliasing, compile_check
+from oracle.checks import aliasing
+from oracle.checks import compile as compile_check
 from oracle.cases import Case
-from oracle.impls import Implementation, load
-from oracle.ops import SPECS
+from oracle.declare.implementations import Implementation, load
+from oracle.declare.registry import SPECS
 from oracle.suite.test_contract import BUDGET, aliasing_examples
 from tests.test_aliasing import RAW, ROPE, SWIGLU
 from tests import test_models
@@ -343,7 +344,7 @@ def test_the_kernels_as_they_were_get_a_note_and_fail_only_when_they_claim_to_co
 
 def test_the_check_runs_once_per_op_variant_and_dtype(device):
     """A second case of the same op, variant and dtype gets the first one's findings, saying where
-    they were found (oracle/compile_check.py, Note [Once per op, variant and dtype])."""
+    they were found (oracle/checks/compile.py, Note [Once per op, variant and dtype])."""
     impl = load("tests.broken_impls:compiled_differs_from_eager")
     first = dataclasses.replace(SWIGLU, dtype="float16", seed=101)
     second = dataclasses.replace(first, dims={"shape": [2, 5]}, seed=102)
@@ -367,7 +368,7 @@ def _graphs_of(fn, inputs) -> int:
 
 def test_the_compile_implementation_compiles_every_case_and_never_falls_back_to_eager():
     """Past dynamo's default of 8 recompiles of one function, torch.compile runs it eagerly with one
-    log line (oracle/workload.py, compile_every_case): ``--impl compile`` then judged HF's eager code.
+    log line (oracle/bench/workload.py, compile_every_case): ``--impl compile`` then judged HF's eager code.
     Twelve ranks are twelve graphs once the implementation is loaded, and a limit that is reached
     anyway is an error, not eager code."""
     import torch._dynamo

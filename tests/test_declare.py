@@ -1,4 +1,4 @@
-"""Declaring an op (oracle/declare.py) and finding declarations (oracle/registry.py): malformed
+"""Declaring an op (oracle/declare/op.py) and finding declarations (oracle/declare/registry.py): malformed
 declarations are refused naming the field, a declared op runs through the engine like a built-in
 one (HF passes, a planted bug fails), and the registry finds modules and refuses twins. Every
 misuse is a DeclarationError (one class) naming the field, what was given and what is expected:
@@ -20,12 +20,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from oracle import declare, impls, registry
+from oracle import declare
+from oracle.declare import implementations as impls
+from oracle.declare import registry
 from oracle.cases import CPU_BUDGET, Case
 from oracle.declare import Choice, DeclarationError, Dim, Fixed, Integers, Op, Tensor, from_module
 from oracle.engine import run_case
-from oracle.impls import Implementation, implementation
-from oracle.ops import SPECS
+from oracle.declare.implementations import Implementation, implementation
+from oracle.declare.registry import SPECS
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parent.parent
@@ -322,7 +324,7 @@ def test_implementation_takes_every_attribute_an_implementation_declares():
     """CLOBBERS, LACKING, NO_FLOAT64, EXACT_MATHS and COMPILES pass through (at 8afd716 COMPILES was
     "unknown op(s) COMPILES"); every attribute the harness reads off an implementation is one of
     them; anything else upper-case, or a value of the wrong form, is refused by name."""
-    from oracle import compile_check
+    from oracle.checks import compile as compile_check
 
     def rms_norm(X, W, eps, gemma=False):
         return X
@@ -384,7 +386,7 @@ def test_implementation_checks_its_op_names_when_the_harness_loads_it(tmp_path, 
         DOUBLE = Op("lazy_double_declared", reference=lambda X: 2 * X, inputs={"X": Tensor("n")}, dims={"n": Dim()})
     '''))
     (tmp_path / "lazy_impls.py").write_text(textwrap.dedent('''
-        from oracle.impls import implementation
+        from oracle.declare.implementations import implementation
         impl = implementation(lazy_double_declared=lambda X: X + X, CLOBBERS={"lazy_double_declared": ()})
         misspelt = implementation(lazy_dubble_declared=lambda X: X + X)
     '''))

@@ -1,10 +1,10 @@
-"""Which GPU each pytest-xdist worker uses (oracle/devices.py): the logic, testable without GPUs."""
+"""Which GPU each pytest-xdist worker uses (oracle/engine/devices.py): the logic, testable without GPUs."""
 
 from __future__ import annotations
 
 import pytest
 
-from oracle.devices import gpu_for_worker, worker_index
+from oracle.engine.devices import gpu_for_worker, worker_index
 
 
 @pytest.mark.parametrize("worker_id, index", [("gw0", 0), ("gw7", 7), ("gw12", 12), ("master", None), ("", None),

@@ -938,7 +938,7 @@ pytest --no-such-flag mylib/tests/test_mine.py
 ```
 
 ```python
-from oracle.impls import OPS
+from oracle.declare.implementations import OPS
 import json, os.path
 ```
 

@@ -16,9 +16,9 @@ from oracle import engine, noise
 from oracle.cases import Case
 from oracle.declare import Dim, Op, Tensor
 from oracle.engine import CaseResult, Float64Failure, check_float64, run_case
-from oracle.impls import Implementation, ImplementationUnavailable, load
-from oracle.ops import SPECS
-from oracle.specs import upstream_gradient
+from oracle.declare.implementations import Implementation, ImplementationUnavailable, load
+from oracle.declare.registry import SPECS
+from oracle.declare.spec import upstream_gradient
 
 RMS = Case("rms_norm", "llama", "float32", {"lead": [3, 2], "cols": 33}, "strided", "normal",
            {"eps": 1e-6, "weight": "same"}, seed=5)

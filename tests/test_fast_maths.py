@@ -8,7 +8,7 @@ import torch
 
 from oracle.cases import Case
 from oracle.engine import run_case
-from oracle.impls import load
+from oracle.declare.implementations import load
 from tests.test_catalogue import _run_suite_test
 
 LARGE = Case("swiglu", "default", "float32", {"shape": [4, 999]}, "contiguous", "large", {}, seed=6)

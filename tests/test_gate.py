@@ -256,7 +256,7 @@ def test_the_gate_still_sees_bf16_partial_sums_that_pass_the_verdict(device, mon
 
     from oracle.cases import Case
     from oracle.engine import run_case
-    from oracle.impls import Implementation, load
+    from oracle.declare.implementations import Implementation, load
     from tests import broken_impls
 
     # 1024 rows past 64, in tiles of 16: 64 partial sums rounded to bf16 (measured: dW's typical error

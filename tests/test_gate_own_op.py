@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from oracle.impls import implementation
+from oracle.declare.implementations import implementation
 
 BLOCK_M, BLOCK_N = 16, 1024
 

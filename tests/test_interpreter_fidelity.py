@@ -39,7 +39,7 @@ def test_an_autotuned_kernel_runs_without_a_driver(k):
 
 
 def test_each_case_runs_one_config_cycling_through_all_of_them(k):
-    from oracle import autotune
+    from oracle.cases import autotune
 
     x = torch.randn(100, generator=_gen(1))
     seen = []
@@ -54,7 +54,7 @@ def test_each_case_runs_one_config_cycling_through_all_of_them(k):
 
 
 def test_the_case_hook_pins_a_case_to_its_config_and_names_it_after_the_case(k):
-    from oracle import autotune
+    from oracle.cases import autotune
 
     class Case:
         def __init__(self, text):
@@ -131,7 +131,7 @@ def _symbols_by_name(monkeypatch) -> dict[str, dict]:
     import triton.language.core as core
     from triton.language.extra.cuda import libdevice as cuda
 
-    from oracle.interpreter_libdevice import public_names
+    from oracle.interpreter.libdevice import public_names
 
     class Table(Exception):
         pass
@@ -156,7 +156,7 @@ def _symbols_by_name(monkeypatch) -> dict[str, dict]:
 
 
 def test_every_libdevice_function_is_implemented_or_refused_by_name(k, monkeypatch):
-    from oracle.interpreter_libdevice import REFUSED, SYMBOLS
+    from oracle.interpreter.libdevice import REFUSED, SYMBOLS
 
     tables = _symbols_by_name(monkeypatch)
     assert len(tables) > 150  # triton 3.9's libdevice has 198 public functions
@@ -249,7 +249,7 @@ def _ulps(got: np.ndarray, want: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def test_every_implemented_libdevice_function_runs_in_a_kernel_within_libdevice_accuracy(k, monkeypatch):
-    from oracle.interpreter_libdevice import REFUSED
+    from oracle.interpreter.libdevice import REFUSED
 
     tables = _symbols_by_name(monkeypatch)
     monkeypatch.undo()
@@ -408,7 +408,7 @@ def test_a_bf16_atomic_is_refused_naming_the_kernel(k):
         k.bf16_atomic_add(torch.zeros(8, dtype=torch.bfloat16), torch.ones(8, dtype=torch.bfloat16))
     with pytest.raises(InterpreterError) as info:
         k.bf16_atomic_add(torch.zeros(8, dtype=torch.bfloat16), torch.ones(8, dtype=torch.bfloat16))
-    from oracle.interpreter_refusal import refusal_in
+    from oracle.interpreter.refusal import refusal_in
 
     assert refusal_in(info.value) is not None
 

@@ -16,7 +16,7 @@ from kernels import _rms_norm_configs as configs
 from kernels._rms_norm_configs import Config
 from oracle.cases import Case
 from oracle.engine import run_case
-from oracle.impls import load
+from oracle.declare.implementations import load
 from oracle.ops.rope import apply_rotary_pos_emb, rotary_table
 from tests.one_thread import one_torch_thread  # noqa: F401 (autouse: one torch thread per test)
 

@@ -13,12 +13,13 @@ import torch
 
 import kernels
 from kernels import _elementwise, _runtime
-from oracle import reference as R
-from oracle.ops import SPECS, rope as rope_ops, swiglu as swiglu_ops
+from oracle.declare import reference as R
+from oracle.declare.registry import SPECS
+from oracle.ops import rope as rope_ops, swiglu as swiglu_ops
 from oracle.cases import Case
-from oracle.compare import judge
+from oracle.verdict import judge
 from oracle.engine import run_case
-from oracle.impls import load
+from oracle.declare.implementations import load
 from tests.one_thread import one_torch_thread  # noqa: F401 (autouse: one torch thread per test)
 
 DTYPES = ("float32", "float16", "bfloat16")

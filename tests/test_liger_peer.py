@@ -5,7 +5,7 @@ declared or listed with its reason, and float32 cases of two ops pass through th
 where liger-kernel is not installed (``pip install --no-deps liger-kernel==0.8.5``).
 
 The declarations are registered in a subprocess: registering them here would add ops to
-``oracle.ops.SPECS`` for every later test of this session."""
+``oracle.declare.registry.SPECS`` for every later test of this session."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from oracle.ops import SPECS
+from oracle.declare.registry import SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,11 +28,11 @@ if importlib.util.find_spec("liger_kernel") is None:
 SCRIPT = r"""
 import json, sys, torch
 from oracle.cases import CPU_BUDGET
-from oracle.devices import default_device
+from oracle.engine.devices import default_device
 from oracle.engine import run_case
-from oracle.impls import load
-from oracle.ops import SPECS
-from oracle.registry import load_declarations
+from oracle.declare.implementations import load
+from oracle.declare.registry import SPECS
+from oracle.declare.registry import load_declarations
 
 declared = load_declarations("peers.liger.ops")
 impl = load("peers.liger.impl:impl")
@@ -91,7 +91,7 @@ def test_the_numbers_adapter_keeps_ligers_in_place_writes_from_the_caller(op, de
     numerical judgement ok), the adapter passes the same case, with the same numbers."""
     from oracle.cases import CPU_BUDGET
     from oracle.engine import run_case
-    from oracle.impls import load
+    from oracle.declare.implementations import load
 
     adapter = load("peers.liger.numbers:impl")  # first: on a CPU it puts Liger's kernels in the interpreter
     liger = load("liger")

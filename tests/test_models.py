@@ -44,7 +44,7 @@ from kernels.geglu import GEGLU
 from kernels import patching
 from kernels.patching import apply_rotary_pos_emb, patch_model, patched, unpatch_model
 from kernels.rms_norm import rms_norm as kernels_rms_norm
-from oracle.compare import judge
+from oracle.verdict import judge
 from oracle import noise
 from oracle.noise import NOISE_SDS
 from oracle.noise.shadow import Shadow, evaluating

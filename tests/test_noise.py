@@ -15,8 +15,8 @@ from oracle.cases import CPU_BUDGET, Case
 from oracle.engine import prepare, run_impl
 from oracle.noise import rounding as R
 from oracle.noise.shadow import Shadow, evaluating
-from oracle.ops import SPECS
-from oracle.specs import DTYPES, compute_dtype
+from oracle.declare.registry import SPECS
+from oracle.declare.spec import DTYPES, compute_dtype
 
 BUILT_IN = [name for name in SPECS if SPECS[name].takes_compute]
 
@@ -261,7 +261,7 @@ def test_a_long_reduction_in_16_bit_fails_the_per_case_verdict(dtype, monkeypatc
     as the bug's at these 16 columns: the gate at scale, over wider rows, is what sees it there.)"""
     from types import SimpleNamespace
 
-    from oracle.impls import Implementation
+    from oracle.declare.implementations import Implementation
 
     spec = SPECS["rms_norm"]
     case = Case("rms_norm", "llama", dtype, {"lead": [131072], "cols": 16}, "contiguous", "normal",
@@ -307,12 +307,12 @@ class _BlockSummedDW(_HFWithOwnDW):
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_partial_sums_rounded_to_bf16_fail_by_their_spread(seed):
-    """Note [The spread judgement] (oracle/compare.py): RMSNorm's bf16 dW over 16384 rows whose
+    """Note [The spread judgement] (oracle/verdict/): RMSNorm's bf16 dW over 16384 rows whose
     16-row blocks are summed in bfloat16 fails by its spread, with seed 2 inside the distribution
     judgement's bound (typical 0.33 against 0.37 when written); the same blocks in float32 pass."""
     from types import SimpleNamespace
 
-    from oracle.impls import Implementation
+    from oracle.declare.implementations import Implementation
 
     spec = SPECS["rms_norm"]
     case = Case("rms_norm", "llama", "bfloat16", {"lead": [16384], "cols": 128}, "contiguous", "normal",

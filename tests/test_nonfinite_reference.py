@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from oracle.cases import Case
-from oracle.compare import judge
+from oracle.verdict import judge
 from oracle.declare import Dim, Op, Tensor
 from oracle.engine import CaseFailed, run_case
-from oracle.impls import Implementation
+from oracle.declare.implementations import Implementation
 from oracle.suite.test_contract import DeclarationNote, judged
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 
 from oracle.cases import FLOAT_DTYPES
-from oracle.ops import SPECS
+from oracle.declare.registry import SPECS
 from oracle.suite.test_contract import *  # the generic tests, collected as this module's
 from oracle.suite.test_contract import BUDGET, aliasing_examples
 

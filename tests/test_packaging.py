@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from oracle import impls
+from oracle.declare import implementations as impls
 from tests.conftest import once_per_session
 
 ROOT = Path(__file__).parent.parent
@@ -36,7 +36,7 @@ from types import SimpleNamespace
 
 import torch
 
-from oracle.impls import OPS
+from oracle.declare.implementations import OPS
 
 LACKING = {op: "not written yet" for op in OPS if op != "rms_norm"}
 

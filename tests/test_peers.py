@@ -15,7 +15,7 @@ import torch
 
 from oracle.cases import CPU_BUDGET
 from oracle.engine import run_case
-from oracle.impls import Implementation
+from oracle.declare.implementations import Implementation
 from peers.flash_attn_triton import ops
 from peers.liger.ops import sparsemax
 from tests.conftest import ROOT

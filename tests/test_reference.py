@@ -20,7 +20,7 @@ from transformers.models.llama import modeling_llama
 from transformers.models.llama.configuration_llama import LlamaConfig
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-from oracle import reference as R
+from oracle.declare import reference as R
 from oracle.ops import rms_norm as norm_ops, rope as rope_ops, swiglu as swiglu_ops
 
 VERSION = transformers.__version__

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from oracle.impls import OPS, load
-from oracle.ops import SPECS
+from oracle.declare.implementations import OPS, load
+from oracle.declare.registry import SPECS
 from oracle.suite import test_contract
 
 ROOT = Path(__file__).parent.parent

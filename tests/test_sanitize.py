@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from oracle.engine import run_case
-from oracle.impls import load
-from oracle.memory import BROADCAST_ROWS, CONTIGUOUS, Layout
-from oracle.ops import SPECS
+from oracle.declare.implementations import load
+from oracle.checks.memory import BROADCAST_ROWS, CONTIGUOUS, Layout
+from oracle.declare.registry import SPECS
 from oracle.sanitize import __main__ as cli
 from oracle.sanitize import findings as F
 from oracle.sanitize import runner, target
@@ -184,10 +184,10 @@ def test_usage_errors_exit_2_before_any_device_is_needed(argv, reason, capsys):
 
 
 def test_without_compute_sanitizer_it_exits_2_with_the_reason(monkeypatch, capsys):
-    import oracle.devices
+    import oracle.engine.devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(oracle.devices, "native_gpu", lambda: True)
+    monkeypatch.setattr(oracle.engine.devices, "native_gpu", lambda: True)
     monkeypatch.setattr(runner, "find_compute_sanitizer", lambda: None)
     assert cli.main(["--impl", "hf", "--ops", "swiglu"]) == 2
     assert capsys.readouterr().out.strip() == f"error: {cli.NO_SANITIZER}"
@@ -320,7 +320,7 @@ def test_the_target_runs_every_case_of_the_quick_grid(capsys):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
 def test_the_target_runs_an_autotuned_kernel_one_config_a_case_as_the_verdict_does(capsys, device):
     """Never a benchmark under the sanitizer: each case runs the config its verdict and repro run
-    (oracle/autotune.py), so the quick grid's cases cover both configs; the log names them and the
+    (oracle/cases/autotune.py), so the quick grid's cases cover both configs; the log names them and the
     parser keeps them out of the target's own lines."""
     op = "swiglu_fg_kernel"
     impl = "tests.autotuned_impls:right"

@@ -1,4 +1,4 @@
-"""The scale grid (oracle/scale.py): what it covers, how a case at scale is judged on a slice of its
+"""The scale grid (oracle/cases/scale.py): what it covers, how a case at scale is judged on a slice of its
 programs, and the gate catching a regression that exists only there.
 
 The grid itself needs a GPU (``--scale``); here on the CPU the slice machinery runs on small cases
@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from oracle import scale
+from oracle.cases import scale
 from oracle.cases import Case
-from oracle.devices import native_gpu
+from oracle.engine.devices import native_gpu
 from oracle.engine import prepare, run_case
-from oracle.impls import Implementation, load
-from oracle.ops import SPECS
+from oracle.declare.implementations import Implementation, load
+from oracle.declare.registry import SPECS
 from oracle.report import gate
 from oracle.report.results import run_noise_model
 from tests import broken_impls

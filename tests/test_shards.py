@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from oracle.ops import SPECS
+from oracle.declare.registry import SPECS
 from oracle.report import shards, sweep
 from tests.conftest import once_per_session, report_runs
 

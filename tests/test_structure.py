@@ -40,14 +40,14 @@ def test_docstrings_cite_the_repositorys_own_design_note():
 # Where naming several ops in one literal is the point: the kernels' export line, the Unsloth
 # adapter's map from Unsloth's kernels to the contract's names (its LACKING enumerates the registry,
 # tests/test_unsloth.py), the bug catalogue (bugs of named ops) and a test of choosing a subset.
-NAMES_OPS_ON_PURPOSE = {"kernels/__init__.py", "oracle/adapters/unsloth.py", "tests/broken_impls.py",
-                        "tests/test_runner.py"}
+NAMES_OPS_ON_PURPOSE = {"kernels/__init__.py", "peers/unsloth/adapter.py", "peers/liger/builtin.py",
+                        "tests/broken_impls.py", "tests/test_runner.py"}
 
 
-def _literals_naming_several_ops(path: Path) -> list[str]:
+def _literals_naming_several_ops(path: Path, root: Path = ORACLE.parent) -> list[str]:
     import ast
 
-    from oracle.ops import SPECS
+    from oracle.declare.registry import SPECS
 
     hits = []
     for node in ast.walk(ast.parse(path.read_text())):
@@ -55,7 +55,7 @@ def _literals_naming_several_ops(path: Path) -> list[str]:
             node.keys if isinstance(node, ast.Dict) else ()
         named = {item.value for item in items if isinstance(item, ast.Constant) and item.value in SPECS}
         if len(named) >= 2:
-            hits.append(f"{path.relative_to(ORACLE.parent)}:{node.lineno}: {sorted(named)}")
+            hits.append(f"{path.relative_to(root)}:{node.lineno}: {sorted(named)}")
     return hits
 
 
@@ -64,30 +64,40 @@ def test_nothing_but_the_declarations_lists_ops():
     new op touches its kernel file, its declaration and the export line. A literal naming two or
     more ops elsewhere is such a list (and fails silently when an op is added)."""
     root = ORACLE.parent
-    files = [p for folder in ("oracle", "tests", "kernels", "scripts") for p in (root / folder).rglob("*.py")
+    files = [p for folder in ("oracle", "tests", "kernels", "scripts", "peers") for p in (root / folder).rglob("*.py")
              if p.parent != root / "oracle" / "ops"]  # the declarations themselves
     hits = [hit for p in files if str(p.relative_to(root)) not in NAMES_OPS_ON_PURPOSE
             for hit in _literals_naming_several_ops(p)]
     assert not hits, "\n".join(hits)
 
 
-def test_a_list_of_ops_is_seen():
-    planted = ORACLE.parent / "tests" / "_planted_op_list.py"
-    try:
-        planted.write_text('ASKED = ("rms_norm", "rope")\nONE = ["swiglu"]\n')
-        assert _literals_naming_several_ops(planted) == ["tests/_planted_op_list.py:1: ['rms_norm', 'rope']"]
-    finally:
-        planted.unlink()
+def test_a_list_of_ops_is_seen(tmp_path):
+    """The check above sees a planted list (written outside the checkout: other tests scan tests/)."""
+    planted = tmp_path / "planted_op_list.py"
+    planted.write_text('ASKED = ("rms_norm", "rope")\nONE = ["swiglu"]\n')
+    assert _literals_naming_several_ops(planted, tmp_path) == ["planted_op_list.py:1: ['rms_norm', 'rope']"]
 
 
-# docs/design.md §8, the package map: the engine and what it is made of, and the tools built on it.
-# Imports go from tools to the engine, never back, and no module imports itself through others.
-ENGINE = ("oracle.cases", "oracle.specs", "oracle.reference", "oracle.memory", "oracle.watchdog", "oracle.scale",
-          "oracle.devices", "oracle.compare", "oracle.noise", "oracle.declare", "oracle.registry", "oracle.ops",
-          "oracle.workload", "oracle.impls", "oracle.adapters", "oracle.engine", "oracle.aliasing",
-          "oracle.compile_check", "oracle.interpreter", "oracle.interpreter_arith", "oracle.interpreter_launch",
-          "oracle.interpreter_libdevice", "oracle.interpreter_refusal", "oracle.autotune")
-TOOLS = ("oracle.report", "oracle.sanitize", "oracle.repro", "oracle.bench", "oracle.environment", "oracle.suite", "oracle.pytest_plugin")
+# docs/design.md §8, the layers, by directory. From the bottom: the interpreter (Triton on the CPU,
+# computing as a GPU does), which imports nothing of the harness; the core (declaring, cases, noise,
+# the verdict, the checks, the engine), which imports neither the built-in declarations nor a tool;
+# the built-in ops, declared as a user declares theirs (and their benchmark's workloads); the tools on
+# top (the public API, the pytest plugin and suite, report and gate, repro, sanitize, the benchmark).
+LAYERS = {
+    "interpreter": ("oracle.interpreter",),
+    "core": ("oracle.errors", "oracle.declare", "oracle.cases", "oracle.noise", "oracle.verdict", "oracle.checks",
+             "oracle.engine"),
+    "declarations": ("oracle.ops",),
+    "tools": ("oracle", "oracle.environment", "oracle.pytest_plugin", "oracle.suite", "oracle.report", "oracle.repro",
+              "oracle.sanitize", "oracle.bench"),
+}
+# What each layer may import besides its own: only what lies below it.
+MAY_IMPORT = {
+    "interpreter": set(),
+    "core": {"interpreter"},
+    "declarations": {"interpreter", "core", "bench workloads"},
+    "tools": {"interpreter", "core", "declarations", "bench workloads"},
+}
 
 
 def _module(path: Path) -> str:
@@ -95,44 +105,69 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """Every oracle module -> the oracle modules it imports (anywhere in it, functions included)."""
+def _imports(path: Path, package: str, modules=()) -> set[str]:
+    """Every module name a file imports (anywhere in it, functions included), resolved: ``from p
+    import a, b`` is p's submodules a and b where both are ``modules``, else p itself too."""
     import ast
 
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            subs = {f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules}
+            found |= subs if subs and len(subs) == len(node.names) else {target, *subs}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every oracle module -> the oracle modules it imports."""
     modules = {_module(p): p for p in _sources()}
     graph = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-                target = ".".join(base + ([node.module] if node.module else []))
-                subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules]
-                found = subs if subs and len(subs) == len(node.names) else [target, *subs]
-            elif isinstance(node, ast.Import):
-                found = [a.name for a in node.names]
-            else:
-                continue
-            deps |= {m for m in found if m in modules and m != name}
-        graph[name] = deps
+        graph[name] = {m for m in _imports(path, package, modules) if m in modules and m != name}
     return graph
 
 
 def _layer(module: str) -> str | None:
-    for layer, roots in (("engine", ENGINE), ("tools", TOOLS)):
-        if any(module == root or module.startswith(root + ".") for root in roots):
-            return layer
-    return None
+    if module == "oracle.bench.workload":
+        return "bench workloads"
+    best = max(((layer, root) for layer, roots in LAYERS.items() for root in roots
+                if module == root or module.startswith(root + ".")), key=lambda lr: len(lr[1]), default=None)
+    return best[0] if best else None
 
 
-def test_every_module_is_on_the_package_map_and_the_engine_imports_no_tool():
+def test_every_module_sits_in_a_layer_and_imports_only_below_it():
     graph = _import_graph()
-    unplaced = sorted(m for m in graph if m != "oracle" and _layer(m) is None)
-    assert not unplaced, f"not on the package map (tests/test_structure.py, docs/design.md §8): {unplaced}"
-    upward = sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps
-                    if _layer(m) == "engine" and _layer(d) == "tools")
-    assert not upward, "\n".join(upward)
+    wrong = sorted(f"{m} ({_layer(m)}) imports {d} ({_layer(d)})" for m, deps in graph.items() for d in deps
+                   if _layer(d) != _layer(m) and _layer(d) not in MAY_IMPORT.get(_layer(m), set())
+                   and _layer(m) != "bench workloads")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_interpreter_imports_nothing_of_the_harness():
+    graph = _import_graph()
+    assert all(d.startswith("oracle.interpreter") for m, deps in graph.items() if _layer(m) == "interpreter"
+               for d in deps)
+
+
+def test_the_kernels_import_nothing_of_the_harness():
+    root = ORACLE.parent
+    hits = [f"{p.relative_to(root)}" for p in (root / "kernels").rglob("*.py")
+            if any(m == "oracle" or m.startswith("oracle.") for m in _imports(p, "kernels"))]
+    assert not hits, hits
+
+
+def test_the_core_imports_no_kernels_and_no_vendor():
+    """The core finds the kernels by name, as any --impl module (oracle/declare/implementations.py);
+    vendors' adapters live in peers/."""
+    vendors = ("kernels", "liger_kernel", "unsloth", "unsloth_zoo", "peers", "flash_attn")
+    hits = [f"{_module(p)} imports {m}" for p in _sources() if _layer(_module(p)) in ("core", "interpreter")
+            for m in _imports(p, _module(p)) if m.split(".")[0] in vendors]
+    assert not hits, "\n".join(hits)
 
 
 def test_no_module_imports_itself_through_others():

@@ -1,4 +1,4 @@
-"""The Unsloth adapter (oracle/adapters/unsloth.py): unavailable on CPU with the reason, its loader
+"""The Unsloth adapter (peers/unsloth/adapter.py): unavailable on CPU with the reason, its loader
 skips Unsloth's package initialisation, and it hands the kernels the arguments and shapes Unsloth's
 own code does (checked on CPU with stand-ins that have Unsloth's signatures and HF's maths). The
 adapter against the real kernels runs on the GPU: ``pytest --impl unsloth`` (README)."""
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from oracle.adapters import unsloth
-from oracle.devices import case_budget
+from oracle.engine.devices import case_budget
 from oracle.engine import run_case
-from oracle.impls import Implementation, ImplementationUnavailable, load
-from oracle.ops import SPECS
+from oracle.declare.implementations import Implementation, ImplementationUnavailable, load
+from oracle.declare.registry import SPECS
 
 ROOT = Path(__file__).parent.parent
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the adapter loads (or names what is missing)")

@@ -4,7 +4,7 @@ set, and either way a missing package is named with its install line (these run 
 Unsloth is installed, float32 cases of two ops pass through the engine on the CPU.
 
 Each check runs in a subprocess: registering the declarations here would add ops to
-``oracle.ops.SPECS`` for every later test of this session."""
+``oracle.declare.registry.SPECS`` for every later test of this session."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 INSTALLED = importlib.util.find_spec("unsloth") is not None and importlib.util.find_spec("unsloth_zoo") is not None
 
 LOAD = r"""
-from oracle.impls import ImplementationUnavailable, load
-from oracle.registry import load_declarations
+from oracle.declare.implementations import ImplementationUnavailable, load
+from oracle.declare.registry import load_declarations
 
 load_declarations("peers.unsloth.ops")
 try:
@@ -37,9 +37,9 @@ CASES = r"""
 import json, torch
 from oracle.cases import CPU_BUDGET
 from oracle.engine import run_case
-from oracle.impls import load
-from oracle.ops import SPECS
-from oracle.registry import load_declarations
+from oracle.declare.implementations import load
+from oracle.declare.registry import SPECS
+from oracle.declare.registry import load_declarations
 
 load_declarations("peers.unsloth.ops")
 impl = load("peers.unsloth.impl:impl")

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from oracle.impls import implementation
+from oracle.declare.implementations import implementation
 
 
 @triton.jit

@@ -48,11 +48,11 @@ from pathlib import Path
 
 import torch
 
-from .targets import (FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, MEMORY_PEER,  # noqa: F401
+from oracle.bench.targets import (FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, MEMORY_PEER,  # noqa: F401
                             NARROW_BELOW, OURS, SCHEMA, WALL_PEER)
-from ..environment import environment, platform_key, write_json_atomic
-from ..ops import SPECS
-from ..workload import Workload, forget_compiled, randn_cuda
+from oracle.environment import environment, platform_key, write_json_atomic
+from oracle.bench.workload import Workload, forget_compiled, randn_cuda
+from oracle.errors import GateRefused  # noqa: F401 - raised here
 
 GATE_MARGIN = 0.10  # a ratio to torch.compile may grow by 10% before the gate fails
 DEFAULT_BASELINE = Path("reports/bench-h200.json")
@@ -362,7 +362,7 @@ def rope_check_share(dtype=torch.bfloat16, batch=4, heads=32, kv_heads=8, seq=40
 
     import kernels
 
-    from ..ops.rope import packed_positions, rotary_table
+    from oracle.ops.rope import packed_positions, rotary_table
 
     rope_module = importlib.import_module("kernels.rope")  # the module: ``kernels.rope`` is the function
     Q = randn_cuda(batch, heads, seq, head_dim, dtype=dtype)
@@ -526,10 +526,6 @@ class GateReport:
     compared: int = 0
 
 
-class GateRefused(ValueError):
-    """The gate cannot judge this run against this baseline (the command exits 2): they were measured on
-    different platforms, a ratio is not a positive number, or no ratio is in both."""
-
 
 def platform_of(result: dict) -> str | None:
     return (result.get("environment") or {}).get("platform")
@@ -628,7 +624,10 @@ def run(quick: bool = False, include_liger: bool = True, sweep: bool = True,
     as skipped, so that the results are written within the caller's time limit."""
     start = time.perf_counter()
     torch.manual_seed(0)
-    benches = [(spec.bench, spec.bench.peers(include_liger)) for spec in SPECS.values() if spec.bench is not None]
+    from oracle.ops import MODULES  # the built-in ops, which import this package's workload module
+
+    # each op module's benchmark, declared beside its ops (``BENCH``)
+    benches = [(module.BENCH, module.BENCH.peers(include_liger)) for module in MODULES if hasattr(module, "BENCH")]
     copy_tbps = copy_bandwidth_tbps()
     print(f"copy bandwidth: {copy_tbps:.2f} TB/s (read + write); fwd/fwd+bwd ms: do_bench; gpu: CUDA-graph "
           f"replay; host, loop: per call of {HOST_CALLS} unsynchronised calls; 'of copy': gpu", flush=True)
@@ -713,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.widths is not None and (args.quick or args.no_sweep):
         usage.error("--widths picks the sweep's widths; --quick and --no-sweep leave the sweep out")
     if args.plot is not None:
-        from .plot import BenchFileError, plot_columns
+        from oracle.bench.plot import BenchFileError, plot_columns
 
         try:
             plot_columns(args.plot, args.out or DEFAULT_PLOT)

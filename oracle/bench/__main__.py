@@ -2,6 +2,6 @@
 
 import sys
 
-from . import main
+from oracle.bench import main
 
 sys.exit(main())

@@ -13,17 +13,15 @@ import io
 import json
 from pathlib import Path
 
-from .targets import FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, SCHEMA
-from ..environment import write_text_atomic
+from oracle.bench.targets import FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, SCHEMA
+from oracle.environment import write_text_atomic
+from oracle.errors import BenchFileError  # noqa: F401 - raised here
 
 FORWARD_LINES = ("kernels", "compile", "liger", "eager")
 FWD_BWD_LINES = ("kernels", "compile", "liger")
 COLOURS = {"kernels": "C0", "compile": "C1", "liger": "C2", "eager": "C3"}
 SVG_STYLE = {"svg.hashsalt": "kernel-oracle", "svg.fonttype": "none"}  # stable ids; fonts not embedded as paths
 
-
-class BenchFileError(ValueError):
-    """A stored run that cannot be plotted; the message says why."""
 
 
 def load_sweep(path: Path) -> dict:

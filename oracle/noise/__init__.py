@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import rounding
-from .shadow import Shadow, evaluating
+from oracle.noise import rounding
+from oracle.noise.shadow import Shadow, evaluating
 
 NOISE_SDS = 3.0  # standard deviations of the rounding noise that count as "what HF's maths can do"
 

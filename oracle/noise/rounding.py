@@ -1,6 +1,6 @@
 """Roundings: the one place the harness defines a dtype's spacing (its ULP) at a value, its unit
-roundoff and the dtype sums accumulate in, used by the verdict (oracle/compare.py), the hand-written
-noise models (oracle/specs.py re-exports ``unit_roundoff``, ``rounding_error`` and ``compute_dtype``
+roundoff and the dtype sums accumulate in, used by the verdict (oracle/verdict/), the hand-written
+noise models (oracle/declare/spec.py re-exports ``unit_roundoff``, ``rounding_error`` and ``compute_dtype``
 for oracle/ops/) and the derived model; and, for the derived model, the variance of rounding to
 nearest and the variance a long sum accumulates (Note [Accumulation]).
 
@@ -28,7 +28,7 @@ def accumulator(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-compute_dtype = accumulator  # the name the hand-written noise models use (oracle/specs.py)
+compute_dtype = accumulator  # the name the hand-written noise models use (oracle/declare/spec.py)
 
 
 def ulp_of(value: float, dtype: torch.dtype) -> float:

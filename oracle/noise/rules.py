@@ -31,7 +31,7 @@ import math
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from . import rounding as R
+from oracle.noise import rounding as R
 
 aten = torch.ops.aten
 prims = torch.ops.prims

@@ -38,8 +38,8 @@ import torch
 from torch._decomp import decomposition_table
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from . import rounding
-from . import rules
+from oracle.noise import rounding
+from oracle.noise import rules
 
 aten = torch.ops.aten
 prims = torch.ops.prims

@@ -1,6 +1,7 @@
-"""The registry: one module per op (or per family of ops sharing HF's maths), each holding HF's
-maths, its cases, its noise model, its specs and its benchmark (docs/design.md §6). Everything else
-in the harness enumerates ``SPECS``.
+"""The built-in ops: one module per op (or per family of ops sharing HF's maths), each holding HF's
+maths, its declarations and its benchmark (docs/design.md §6). The harness loads this package by
+name, as it loads any module of declarations (oracle/declare/registry.py); nothing in its core
+imports it.
 
 Every module in this package that defines ``SPECS`` (a tuple of OpSpecs) is an op module, found
 here by name order: adding an op is adding its module, nothing else in the oracle. Helper modules
@@ -12,8 +13,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ..specs import OpSpec
-
 
 def _op_modules() -> list:
     modules = [importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)]
@@ -21,5 +20,3 @@ def _op_modules() -> list:
 
 
 MODULES = tuple(_op_modules())
-
-SPECS: dict[str, OpSpec] = {spec.name: spec for module in MODULES for spec in module.SPECS}

@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from hypothesis import strategies as st
 
-from .. import cases as C
-from ..cases import FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering, grad_layouts, layouts, seeds
-from ..scale import row_count, rows
-from ..specs import DTYPES, ErrorInput, Programs, fill, generator
+from oracle import cases as C
+from oracle.cases import FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering, grad_layouts, layouts, seeds
+from oracle.cases.scale import row_count, rows
+from oracle.declare.spec import DTYPES, ErrorInput, Programs, fill, generator
 
 
 def lora_backward(forward: Callable, DW, e, g, compute=None):

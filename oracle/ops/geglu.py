@@ -14,12 +14,12 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import cases as C
-from ..cases import Case
-from ..reference import mirrors
-from ..specs import ErrorInput, OpSpec, compute_dtype, layout_last_two, rounding_error, unit_roundoff, wide
-from ..workload import Bench, Peers, Workload, compiled, instantiate, randn_cuda
-from .elementwise import (elementwise_args, elementwise_cases, elementwise_errors, elementwise_stratified,
+from oracle import cases as C
+from oracle.cases import Case
+from oracle.declare.reference import mirrors
+from oracle.declare.spec import ErrorInput, OpSpec, compute_dtype, layout_last_two, rounding_error, unit_roundoff, wide
+from oracle.bench.workload import Bench, checkout_kernels, Peers, Workload, compiled, instantiate, randn_cuda, vendor_peers
+from oracle.ops.elementwise import (elementwise_args, elementwise_cases, elementwise_errors, elementwise_stratified,
                           elementwise_scale, elementwise_sweep, lora_backward, raw_backward_into_buffers, raw_forward,
                           PROGRAMS)
 
@@ -137,9 +137,9 @@ def _geglu_errors() -> list[ErrorInput]:
 
 
 def _bench_peers(include_liger: bool) -> Peers:
-    import kernels
+    kernels = checkout_kernels()
 
-    # Liger's GeGLU (tanh only) is not wired in: the spec declares no Liger counterpart.
+    # Liger's GeGLU (tanh only) is not wired in: its adapter (peers/liger/builtin.py) has no counterpart.
     return {"kernels": lambda: kernels.geglu, "eager": lambda: geglu, "compile": lambda: compiled(geglu)}
 
 
@@ -181,7 +181,7 @@ GEGLU = OpSpec(
     scale=elementwise_scale("geglu", APPROXIMATIONS), programs=PROGRAMS,
     float64_cases=tuple(Case("geglu", approximate, "float64", {"shape": [3, 7]}, "transposed", "normal", {}, seed=1)
                         for approximate in APPROXIMATIONS),
-    error_inputs=_geglu_errors, noise=_noise(None), bench=BENCH,
+    error_inputs=_geglu_errors, noise=_noise(None),
 )
 
 

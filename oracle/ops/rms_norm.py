@@ -11,15 +11,15 @@ from collections.abc import Callable, Iterator
 import torch
 from hypothesis import strategies as st
 
-from .. import cases as C
-from ..cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, MAX_COLUMNS, VALUE_KINDS, Budget, Case, covering,
+from oracle import cases as C
+from oracle.cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, MAX_COLUMNS, VALUE_KINDS, Budget, Case, covering,
                      eps_values, grad_layouts, is_long, layouts, leading_dims, long_counts, long_rows, n_cols, seeds,
                      value_kinds)
-from ..reference import mirrors
-from ..scale import chunks, rows
-from ..specs import (DTYPES, ErrorInput, OpSpec, Programs, compute_dtype, fill, generator, layout_last_two,
+from oracle.declare.reference import mirrors
+from oracle.cases.scale import chunks, rows
+from oracle.declare.spec import (DTYPES, ErrorInput, OpSpec, Programs, compute_dtype, fill, generator, layout_last_two,
                      rounding_error, unit_roundoff, wide)
-from ..workload import Bench, Peers, Workload, compiled, instantiate, randn_cuda
+from oracle.bench.workload import Bench, checkout_kernels, Peers, Workload, compiled, instantiate, randn_cuda, vendor_peers
 
 
 # --- HF's maths -----------------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def _rms_norm_dW_sums(args: dict, upstream: dict) -> tuple[torch.Tensor, torch.T
     """dW_j = sum over rows of dY * normed. Per column, the sum over rows of each term's rounding
     (Llama: normed to X's dtype, then the product in Y's dtype; Gemma: the product in the compute
     dtype) and of the |terms|; and the row count. Chunk by chunk of rows: a case at scale has 2^31
-    elements, whose float64 intermediates would not fit (oracle/scale.py)."""
+    elements, whose float64 intermediates would not fit (oracle/cases/scale.py)."""
     n = args["X"].shape[-1]
     X, dY = args["X"].reshape(-1, n), upstream["Y"].reshape(-1, n)
     rounding = total = torch.zeros(n, dtype=torch.float64, device=X.device)
@@ -407,31 +407,13 @@ def _rms_norm_errors() -> list[ErrorInput]:
 # --- Liger-Kernel, and the benchmark (GPU) --------------------------------------------------------
 
 
-def liger_rms_norm() -> Callable:
-    """Liger's RMSNorm behind the contract: its defaults, Llama casting with in_place=True (dX written
-    into dY), Gemma with offset 1."""
-    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-
-    def rms_norm(X, W, eps, gemma=False):
-        if gemma:
-            return LigerRMSNormFunction.apply(X, W, eps, 1.0, "gemma", True)
-        return LigerRMSNormFunction.apply(X, W, eps, 0.0, "llama", True)
-
-    return rms_norm
 
 
 def _bench_peers(include_liger: bool) -> Peers:
-    import kernels
+    kernels = checkout_kernels()
 
     peers = {"kernels": lambda: kernels.rms_norm, "eager": lambda: rms_norm, "compile": lambda: compiled(rms_norm)}
-    if include_liger:
-        try:
-            liger = liger_rms_norm()
-        except ImportError:
-            pass
-        else:
-            peers["liger"] = lambda: liger
-    return peers
+    return peers | vendor_peers("rms_norm", include_liger)
 
 
 def rms_norm_workload(peers: Peers, dtype, rows=16384, cols=4096, variant="llama", width=None,
@@ -453,7 +435,7 @@ def rms_norm_workload(peers: Peers, dtype, rows=16384, cols=4096, variant="llama
 
         work.forward_backward[name] = fwd_bwd
     if opt_in and "kernels" in impls:
-        import kernels
+        kernels = checkout_kernels()
 
         dY_own = dY.clone()  # the caller owns it: the opt-in's premise
 
@@ -499,7 +481,7 @@ RMS_NORM = OpSpec(
     error_inputs=_rms_norm_errors,
     summed={"dW": _rms_norm_dW_terms, "dX": _rms_norm_dX_terms},
     noise={"Y": _rms_norm_noise_Y, "dX": _rms_norm_noise_dX, "dW": _rms_norm_noise_dW},
-    liger=liger_rms_norm, bench=BENCH,
+    
     order_noise={"Y": _rms_norm_order_Y, "dX": _rms_norm_order_dX, "dW": _rms_norm_order_dW},
     regressions=(
         # One column: dX ~ eps/x^2 is a small difference of O(1) terms; HF's autograd order happened

@@ -12,13 +12,13 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 
-from .. import cases as C
-from ..cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering,
+from oracle import cases as C
+from oracle.cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering,
                      grad_layouts, is_long, layouts, long_counts, long_rows, seeds)
-from ..memory import FUSE_HEADS
-from ..reference import mirrors
-from ..specs import (DTYPES, ErrorInput, OpSpec, Programs, fill, generator, layout_bshd, rounding_error, wide)
-from ..workload import Bench, Peers, Workload, compiled, instantiate, randn_cuda
+from oracle.checks.memory import FUSE_HEADS
+from oracle.declare.reference import mirrors
+from oracle.declare.spec import (DTYPES, ErrorInput, OpSpec, Programs, fill, generator, layout_bshd, rounding_error, wide)
+from oracle.bench.workload import Bench, checkout_kernels, Peers, Workload, compiled, instantiate, randn_cuda, vendor_peers
 
 
 # --- HF's maths -----------------------------------------------------------------------------------
@@ -443,32 +443,16 @@ def _rope_errors() -> list[ErrorInput]:
 # --- Liger-Kernel, and the benchmark (GPU) --------------------------------------------------------
 
 
-def liger_rope() -> Callable:
-    """Liger's RoPE behind the contract: it takes the gathered rows, as HF's rotary embedding returns
-    them, (batch, seq, head_dim)."""
-    from liger_kernel.ops.rope import LigerRopeFunction
-
-    def rope(Q, K, cos, sin, position_ids=None):
-        return LigerRopeFunction.apply(Q, K, *table_rows(Q, cos, sin, position_ids))
-
-    return rope
 
 
 def _bench_peers(include_liger: bool) -> Peers:
     """The kernels take the table and the positions (the contract); the peers take each token's rows,
     gathered once per model step as HF does, so the gather is not timed against them."""
-    import kernels
+    kernels = checkout_kernels()
 
     peers = {"kernels": lambda: kernels.rope, "eager": lambda: apply_rotary_pos_emb,
              "compile": lambda: compiled(apply_rotary_pos_emb)}
-    if include_liger:
-        try:
-            from liger_kernel.ops.rope import LigerRopeFunction
-        except ImportError:
-            pass
-        else:
-            peers["liger"] = lambda: LigerRopeFunction.apply
-    return peers
+    return peers | vendor_peers("rope", include_liger)
 
 
 def rope_workload(peers: Peers, dtype, packed: bool, batch=4, heads=32, kv_heads=8, seq=4096,
@@ -524,7 +508,7 @@ ROPE = OpSpec(
                                                           "max_pos": 8}, "transposed", "normal",
                              {"theta": 10000.0, "rope_type": "default", "table": "float32"}, seed=1)
                         for variant in ("plain", "packed")),
-    error_inputs=_rope_errors, liger=liger_rope, bench=BENCH,
+    error_inputs=_rope_errors,
     noise={"Q_out": _rope_noise("Q", False), "K_out": _rope_noise("K", False),
            "dQ": _rope_noise("Q_out", True), "dK": _rope_noise("K_out", True)},
 )

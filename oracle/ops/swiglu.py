@@ -12,13 +12,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import cases as C
-from ..cases import (Case)
-from ..reference import mirrors
-from ..specs import (OpSpec, compute_dtype, layout_last_two,
+from oracle import cases as C
+from oracle.cases import (Case)
+from oracle.declare.reference import mirrors
+from oracle.declare.spec import (OpSpec, compute_dtype, layout_last_two,
                      rounding_error, unit_roundoff, wide)
-from ..workload import Bench, Peers, Workload, compiled, instantiate, randn_cuda
-from .elementwise import (elementwise_args, elementwise_cases, elementwise_errors, elementwise_stratified,
+from oracle.bench.workload import Bench, checkout_kernels, Peers, Workload, compiled, instantiate, randn_cuda, vendor_peers
+from oracle.ops.elementwise import (elementwise_args, elementwise_cases, elementwise_errors, elementwise_stratified,
                           elementwise_scale, elementwise_sweep, lora_backward, raw_backward_into_buffers, raw_forward,
                           PROGRAMS)
 
@@ -108,24 +108,13 @@ _RAW_BACKWARD_NOISE = {"h": _swiglu_noise("h", "DW"), "df": _swiglu_noise("dg", 
 # --- Liger-Kernel, and the benchmark (GPU) --------------------------------------------------------
 
 
-def liger_swiglu() -> Callable:
-    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-
-    return lambda e, g: LigerSiLUMulFunction.apply(e, g)
 
 
 def _bench_peers(include_liger: bool) -> Peers:
-    import kernels
+    kernels = checkout_kernels()
 
     peers = {"kernels": lambda: kernels.swiglu, "eager": lambda: swiglu, "compile": lambda: compiled(swiglu)}
-    if include_liger:
-        try:
-            liger = liger_swiglu()
-        except ImportError:
-            pass
-        else:
-            peers["liger"] = lambda: liger
-    return peers
+    return peers | vendor_peers("swiglu", include_liger)
 
 
 def swiglu_workload(peers: Peers, dtype, rows=16384, cols=14336) -> Workload:
@@ -160,7 +149,7 @@ SWIGLU = OpSpec(
     make_args=elementwise_args(("e", "g")), layout_args=("e", "g"), layout_of=layout_last_two,
     sweep=elementwise_sweep("swiglu", autograd=True), scale=elementwise_scale("swiglu"), programs=PROGRAMS,
     float64_cases=(Case("swiglu", "default", "float64", {"shape": [3, 7]}, "transposed", "normal", {}, seed=1),),
-    error_inputs=elementwise_errors(("e", "g"), raw=False), noise=_SWIGLU_NOISE, liger=liger_swiglu, bench=BENCH,
+    error_inputs=elementwise_errors(("e", "g"), raw=False), noise=_SWIGLU_NOISE,
 )
 
 SWIGLU_FG = OpSpec(

@@ -21,15 +21,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..cases import FLOAT_DTYPES
-from .. import engine
-from ..devices import native_gpu
-from ..environment import (environment, platform_key, separate_compile_caches, shadowed_hub_kernels, write_json_atomic,
+from oracle.cases import FLOAT_DTYPES
+from oracle import engine
+from oracle.engine.devices import native_gpu
+from oracle.environment import (environment, platform_key, separate_compile_caches, shadowed_hub_kernels, write_json_atomic,
                            write_text_atomic)
-from ..impls import ImplementationUnavailable, load
-from ..ops import SPECS
-from ..registry import DeclarationError, load_declared
-from . import gate, html, results, shards, sweep, terminal
+from oracle.declare.implementations import ImplementationUnavailable, load
+from oracle.declare.registry import SPECS
+from oracle.declare.registry import DeclarationError, load_declared
+from oracle.report import gate, html, results, shards, sweep, terminal
 
 DEFAULT_BENCH = Path("reports/bench-h200.json")
 

@@ -67,9 +67,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cases import Case
-from ..compare import SAMPLING_SDS
-from .results import MIXED_HOSTS, SCHEMA, case_identity, data_identity_of, run_noise_model
+from oracle.cases import Case
+from oracle.verdict import SAMPLING_SDS
+from oracle.report.results import MIXED_HOSTS, SCHEMA, case_identity, data_identity_of, run_noise_model
+from oracle.errors import BaselineError  # noqa: F401 - raised here
 
 # Drift worth listing (never a regression by itself, Note [Drift or regression]): an error ratio to
 # HF beyond ratio * (1 + RATIO_MARGIN) + RATIO_SLACK, or a bit-identity that moved by more than
@@ -89,9 +90,6 @@ ASKED = ("filtered out by", "in another shard than")
 MEASURED = ("pass", "fail")
 STATUSES = (*MEASURED, "error", "crash", "skipped")
 
-
-class BaselineError(Exception):
-    """The baseline cannot be used (missing, malformed, another platform): a usage error, exit 2."""
 
 
 @dataclass(frozen=True)
@@ -306,7 +304,7 @@ def coverage_problem(run_keys: set[tuple[str, str]], run_ops: set[str], baseline
     """Before the sweep: the plan against the baseline, as compare() will judge them afterwards.
     A sentence naming what would go unjudged without being asked (a quick plan against a full
     baseline, an op the baseline lacks), or None."""
-    from .shards import identity_shard
+    from oracle.report.shards import identity_shard
 
     planned = {key for key, _ in run_keys}
     mine = {key: identity for key, identity in run_keys}
@@ -475,7 +473,7 @@ def _drift(now: dict, before: dict) -> list[str]:
 
 
 def _why_absent(cell: dict, selection: Selection, current: dict, baseline_sweep: str | None) -> str:
-    from .shards import identity_shard, missing_shard
+    from oracle.report.shards import identity_shard, missing_shard
 
     run_sweep = current.get("sweep")
     if not selection.keeps(cell):

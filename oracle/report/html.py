@@ -22,9 +22,9 @@ matplotlib.use("Agg")  # no display: render to files only
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
 
-from ..compare import ULP_BINS  # noqa: E402
-from ..ops import SPECS  # noqa: E402
-from .results import typical_excess  # noqa: E402
+from oracle.verdict import ULP_BINS  # noqa: E402
+from oracle.declare.registry import SPECS  # noqa: E402
+from oracle.report.results import typical_excess  # noqa: E402
 
 DTYPES = ("float32", "float16", "bfloat16")
 TEMPLATES = Path(__file__).parent / "templates"
@@ -239,7 +239,7 @@ def perf_figures(bench: dict) -> dict[str, str]:
 
 def render(document: dict, comparison: dict | None = None, bench: dict | None = None, updated: bool = False) -> str:
     """``updated``: this run is stored as the baseline it was compared with, which the headline says."""
-    from .terminal import maths_line
+    from oracle.report.terminal import maths_line
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["j2"]),
                              undefined=jinja2.StrictUndefined)

@@ -12,11 +12,11 @@ from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
-from ..cases import Case
-from ..engine import repro_command
-from ..environment import git_repository
-from ..ops import SPECS
-from .sweep import Task, columns_of
+from oracle.cases import Case
+from oracle.engine import repro_command
+from oracle.environment import git_repository
+from oracle.declare.registry import SPECS
+from oracle.report.sweep import Task, columns_of
 
 SCHEMA = "kernel-oracle/drift/3"  # 3: each cell's data identity, the host's maths; 2: per-element metrics
 MIXED_HOSTS = "several:"  # the host-maths digest of a run merged from hosts that round HF otherwise
@@ -47,8 +47,8 @@ def cell_keys(tasks: list[Task]) -> set[tuple[str, str]]:
 
 def declared_ops(ops) -> dict[str, str]:
     """The declared ops among ``ops`` (not the harness's own, oracle/ops/), each with its module."""
-    from ..ops import MODULES
-    from ..registry import where
+    from oracle.ops import MODULES
+    from oracle.declare.registry import where
 
     built_in = {spec.name for module in MODULES for spec in module.SPECS}
     return {op: where(op) for op in sorted(set(ops)) if op not in built_in}

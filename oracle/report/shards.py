@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from ..cases import Case
-from .results import MIXED_HOSTS, SCHEMA, data_identity, run_noise_model, summarize
+from oracle.cases import Case
+from oracle.report.results import MIXED_HOSTS, SCHEMA, data_identity, run_noise_model, summarize
 
 
 def parse(text: str) -> tuple[int, int]:

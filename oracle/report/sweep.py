@@ -2,7 +2,7 @@
 
 The grid is each spec's fixed, seeded ``sweep(full)`` (specs.py), so two runs of the same code on
 the same platform compare cell by cell; ``--scale`` adds each spec's scale grid (the sizes people
-train at, oracle/scale.py). The aliasing checks run on one case per op and dtype (the smallest of
+train at, oracle/cases/scale.py). The aliasing checks run on one case per op and dtype (the smallest of
 the grid, never one of the scale grid), since each check needs graphs of its own.
 
 Workers are subprocesses (oracle/report/worker.py): a crash kills one worker, not the run. The
@@ -23,11 +23,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .. import aliasing, scale
-from ..cases import Case
-from ..engine import repro_command
-from ..ops import SPECS
-from ..watchdog import time_limit_s
+from oracle.checks import aliasing
+from oracle.cases import scale
+from oracle.cases import Case
+from oracle.engine import repro_command
+from oracle.declare.registry import SPECS
+from oracle.engine.watchdog import time_limit_s
 
 
 def columns_of(case: Case) -> int | None:
@@ -36,7 +37,7 @@ def columns_of(case: Case) -> int | None:
     return dims.get("cols") or dims.get("head_dim") or (dims["shape"][-1] if "shape" in dims else None)
 
 def task_timeout_s() -> float:
-    """The backstop of the worker's own time limit (oracle/watchdog.py): past it, the worker is
+    """The backstop of the worker's own time limit (oracle/engine/watchdog.py): past it, the worker is
     killed and its task recorded as a crash (a worker that hangs outside any case, say)."""
     limit = time_limit_s()
     return 2 * limit + 60 if limit > 0 else 3600
@@ -111,7 +112,7 @@ def _size(case: Case) -> int:
 
 def default_workers() -> list[str | None]:
     """Devices for the workers: every GPU twice (overlap Python with kernels), or the CPU cores."""
-    from ..devices import native_gpu
+    from oracle.engine.devices import native_gpu
 
     if native_gpu():
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())] * 2

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import gate
+from oracle.report import gate
 
 
 def _of_bound(fraction: float | None) -> str:

@@ -19,11 +19,11 @@ from dataclasses import asdict
 
 import torch
 
-from ..cases import Case
-from ..engine import run_case
-from ..impls import load
-from ..ops import SPECS
-from ..registry import load_declared
+from oracle.cases import Case
+from oracle.engine import run_case
+from oracle.declare.implementations import load
+from oracle.declare.registry import SPECS
+from oracle.declare.registry import load_declared
 
 
 def _device() -> torch.device:
@@ -33,13 +33,13 @@ def _device() -> torch.device:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         return device
-    from ..devices import default_device
+    from oracle.engine.devices import default_device
 
     return default_device()
 
 
 def serve(impl_name: str, stdin=sys.stdin, stdout=sys.stdout) -> None:
-    from .. import aliasing
+    from oracle.checks import aliasing
 
     load_declared()  # the run's declared ops (ORACLE_OP_MODULES, entry points)
     impl = load(impl_name)

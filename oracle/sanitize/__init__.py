@@ -14,7 +14,7 @@ sees all of them in device code, so it runs on a GPU only.
 
 from __future__ import annotations
 
-from .findings import Finding, parse
-from .runner import TOOLS, Run, find_compute_sanitizer, run_all
+from oracle.sanitize.findings import Finding, parse
+from oracle.sanitize.runner import TOOLS, Run, find_compute_sanitizer, run_all
 
 __all__ = ["TOOLS", "Finding", "Run", "find_compute_sanitizer", "parse", "run_all"]

@@ -20,11 +20,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..environment import write_json_atomic
-from ..impls import ImplementationUnavailable, load
-from ..registry import ENVIRONMENT, DeclarationError, load_declared
-from . import runner
-from .runner import TOOLS, Run
+from oracle.environment import write_json_atomic
+from oracle.declare.implementations import ImplementationUnavailable, load
+from oracle.declare.registry import ENVIRONMENT, DeclarationError, load_declared
+from oracle.sanitize import runner
+from oracle.sanitize.runner import TOOLS, Run
 
 NO_GPU = "needs a CUDA GPU: compute-sanitizer checks device code"
 INTERPRETED = ("TRITON_INTERPRET is set: Triton would run the kernels on the CPU, where compute-sanitizer sees "
@@ -58,7 +58,7 @@ def environment_problem() -> tuple[str | None, Path | None]:
     """(why this machine cannot run the sanitizer, or None; compute-sanitizer's path)."""
     import torch
 
-    from ..devices import native_gpu
+    from oracle.engine.devices import native_gpu
 
     if not torch.cuda.is_available():
         return NO_GPU, None

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import findings as F
+from oracle.sanitize import findings as F
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 ERROR_EXITCODE = 86  # compute-sanitizer's exit status when it reported anything: no target exits with it

@@ -11,7 +11,7 @@ sanitizer too.
 Prints ``case: LABEL`` before each case, so that a record can be traced to the case that made it,
 ``autotuned: KERNEL: CONFIG; ...`` after a case that launched autotuned kernels, and ``cases: N``
 once every case ran. An autotuned kernel runs one config per case, the one the engine's verdict and
-the repro of that case run (oracle/autotune.py, Note [One config per case]): so the cases cover every
+the repro of that case run (oracle/cases/autotune.py, Note [One config per case]): so the cases cover every
 config, and nothing is benchmarked under the sanitizer, where every config of every new width would
 be timed many times over.
 """
@@ -23,15 +23,15 @@ import sys
 
 import torch
 
-from .. import autotune
-from ..cases import Case
-from ..engine import gradient_layout
-from ..impls import load
-from ..memory import CONTIGUOUS, Layout, copy_into
-from ..ops import SPECS
-from ..registry import load_declared
-from ..specs import OpSpec, upstream_gradient
-from .findings import AUTOTUNED_MARK
+from oracle.cases import autotune
+from oracle.cases import Case
+from oracle.engine import gradient_layout
+from oracle.declare.implementations import load
+from oracle.checks.memory import CONTIGUOUS, Layout, copy_into
+from oracle.declare.registry import SPECS
+from oracle.declare.registry import load_declared
+from oracle.declare.spec import OpSpec, upstream_gradient
+from oracle.sanitize.findings import AUTOTUNED_MARK
 
 
 def exact_storage(shape, dtype: torch.dtype, device, layout: Layout) -> torch.Tensor:

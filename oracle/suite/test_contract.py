@@ -17,12 +17,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis.vendor import pretty
 
-from oracle import aliasing
+from oracle.checks import aliasing
 from oracle.cases import FLOAT_DTYPES
-from oracle.devices import case_budget
+from oracle.engine.devices import case_budget
 from oracle.engine import CaseError, CaseFailed, check_float64, repro_command, run_case
-from oracle.ops import SPECS
-from oracle.specs import OpSpec
+from oracle.declare.registry import SPECS
+from oracle.declare.spec import OpSpec
 
 BUDGET = case_budget()
 
@@ -34,7 +34,7 @@ class DeclarationNote(UserWarning):
 
 # Hypothesis prints a failing example's arguments, the fixtures too: an implementation and a case by
 # their names, not their reprs (an implementation's holds every op it declares lacking).
-pretty.for_type_by_name("oracle.impls", "Implementation", lambda obj, p, cycle: p.text(f"Implementation({obj.name!r})"))
+pretty.for_type_by_name("oracle.declare.implementations", "Implementation", lambda obj, p, cycle: p.text(f"Implementation({obj.name!r})"))
 pretty.for_type_by_name("oracle.cases", "Case", lambda obj, p, cycle: p.text(f"Case({obj.summary()!r})"))
 
 
@@ -85,7 +85,7 @@ def _aliasing_test(spec: OpSpec, check: str):
 
     for pinned in aliasing_examples(spec):
         test = example(case=pinned)(test)
-    test.__doc__ = f"{spec.name}: aliasing check {check!r} (see oracle/aliasing.py)."
+    test.__doc__ = f"{spec.name}: aliasing check {check!r} (see oracle/checks/aliasing.py)."
     test.oracle_op = spec.name
     return test
 
@@ -129,7 +129,7 @@ SCALE_CASES = [pytest.param(case, id=case.label, marks=pytest.mark.scale)
 @pytest.mark.parametrize("case", SCALE_CASES)
 def test_at_scale(case, impl, device, asked_ops):
     """The scale grid: the sizes people train at, up to 2^31 elements, judged against HF and the
-    truth on a slice of each case's programs (oracle/scale.py). Opt in with --scale, on a GPU."""
+    truth on a slice of each case's programs (oracle/cases/scale.py). Opt in with --scale, on a GPU."""
     _require_op(impl, SPECS[case.op], asked_ops)
     if device.type != "cuda":
         pytest.skip("the scale grid needs a CUDA GPU: up to 2^31 elements per case")

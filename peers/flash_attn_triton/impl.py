@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from oracle.impls import ImplementationUnavailable
+from oracle.declare.implementations import ImplementationUnavailable
 
 from . import ops
 
@@ -93,7 +93,7 @@ class _Forwarding(types.SimpleNamespace):
 
 
 def _without_cuda_device_switch(module) -> None:
-    from oracle.devices import native_gpu
+    from oracle.engine.devices import native_gpu
 
     if not native_gpu():
         cuda = _Forwarding(torch.cuda, device=lambda index: contextlib.nullcontext())
@@ -130,7 +130,7 @@ def _varlen(rotary):
 
 
 def _implementation() -> types.SimpleNamespace:
-    from oracle.ops import SPECS
+    from oracle.declare.registry import SPECS
 
     found, lacking = _load()
     others = {op: "not a flash-attn kernel" for op in SPECS if op not in found and op not in lacking}

@@ -15,8 +15,8 @@ for any other device (``NUM_SMS`` is never bound), so it is declared lacking the
 
 from __future__ import annotations
 
-from oracle.devices import native_gpu
-from oracle.impls import ImplementationUnavailable, implementation
+from oracle.engine.devices import native_gpu
+from oracle.declare.implementations import ImplementationUnavailable, implementation
 
 from . import ops
 

@@ -4,7 +4,7 @@ them (through ``_apply``, which torch.compile does not trace) for a plain LoRA l
 ``fast_cross_entropy_loss`` as Unsloth's patched causal-LM loss calls it.
 
 Unsloth's kernels compute in float32 and promise no float64 (``NO_FLOAT64``). The modules are
-loaded as the built-in adapter loads them (``oracle.adapters.unsloth``: Unsloth's package
+loaded as the built-in adapter loads them (``peers.unsloth.adapter``: Unsloth's package
 ``__init__`` never runs, it patches transformers).
 """
 
@@ -17,7 +17,7 @@ import sys
 import torch
 
 from oracle.adapters import unsloth as adapter
-from oracle.impls import ImplementationUnavailable, implementation
+from oracle.declare.implementations import ImplementationUnavailable, implementation
 
 if not torch.cuda.is_available() and os.environ.get("UNSLOTH_ALLOW_CPU") != "1":
     raise ImplementationUnavailable("Unsloth refuses to import without a GPU; on a CPU set its own test-only switch "

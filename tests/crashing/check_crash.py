@@ -3,7 +3,7 @@ show that a crash under xdist loses only its case, which the report then names w
 
 from oracle.cases import Case
 from oracle.engine import run_case
-from oracle.impls import load
+from oracle.declare.implementations import load
 from tests.crashing.warm_up import NARROW, warmed_up  # noqa: F401 (autouse: compiled before the limit applies)
 
 

@@ -3,7 +3,7 @@ short ORACLE_CASE_TIMEOUT, to show that a hang becomes a verdict and the run goe
 
 from oracle.cases import Case
 from oracle.engine import run_case
-from oracle.impls import load
+from oracle.declare.implementations import load
 from tests.crashing.warm_up import NARROW, warmed_up  # noqa: F401 (autouse: compiled before the limit applies)
 
 WIDE = Case("rms_norm", "llama", "float32", {"lead": [2], "cols": 1500}, "contiguous", "normal",

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from oracle.cases import Case
 from oracle.engine import run_case
-from oracle.impls import Implementation
+from oracle.declare.implementations import Implementation
 from oracle.ops import rms_norm as norm_ops
 
 CASE = Case("rms_norm", "llama", "float32", {"lead": [2], "cols": 15}, "contiguous", "normal",

@@ -11,7 +11,7 @@ import pytest
 
 from oracle.cases import Case
 from oracle.engine import run_case
-from oracle.impls import load
+from oracle.declare.implementations import load
 
 NARROW = Case("rms_norm", "llama", "float32", {"lead": [2], "cols": 15}, "contiguous", "normal",
               {"eps": 1e-6, "weight": "same"}, seed=1)
@@ -20,7 +20,7 @@ NARROW = Case("rms_norm", "llama", "float32", {"lead": [2], "cols": 15}, "contig
 @pytest.fixture(scope="session", autouse=True)
 def warmed_up(device):
     limit = os.environ.get("ORACLE_CASE_TIMEOUT")
-    os.environ["ORACLE_CASE_TIMEOUT"] = "0"  # off (oracle/watchdog.py)
+    os.environ["ORACLE_CASE_TIMEOUT"] = "0"  # off (oracle/engine/watchdog.py)
     try:
         assert run_case("rms_norm", NARROW, load("kernels"), device).passed
     finally:

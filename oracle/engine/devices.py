@@ -44,6 +44,6 @@ def default_device() -> torch.device:
 
 def case_budget():
     """How big hypothesis may draw cases here: small under the interpreter, larger on a GPU."""
-    from .cases import CPU_BUDGET, GPU_BUDGET
+    from oracle.cases import CPU_BUDGET, GPU_BUDGET
 
     return GPU_BUDGET if native_gpu() else CPU_BUDGET

@@ -38,6 +38,8 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
+from oracle.errors import ImplementationUnavailable
+
 import torch
 
 PINNED = "2026.10.9"
@@ -51,7 +53,7 @@ NO_AUTOGRAD = ("Unsloth has no autograd op for it: its LoRA_MLP calls the raw Sw
 NO_KERNEL = "Unsloth has no kernel for it"
 
 
-class Unavailable(RuntimeError):
+class Unavailable(ImplementationUnavailable):
     """Unsloth's kernels cannot be loaded here; the message says why and what to do."""
 
 
@@ -162,7 +164,7 @@ _RAW_CLOBBERS = {name: {"DW", "e", "g"} for name in _RAW if name.endswith(("back
 def implementation() -> SimpleNamespace:
     """``--impl unsloth``: every op Unsloth has a kernel for."""
     kernel_modules()  # unavailable here: say why now, not at the first call
-    from ..ops import SPECS
+    from oracle.declare.registry import SPECS
 
     provided = {"rms_norm": rms_norm, "rope": rope, **_RAW}
     # Every other op of the registry is lacking: the gated MLPs' autograd ops, whose HF maths the
@@ -181,7 +183,7 @@ def implementation() -> SimpleNamespace:
 def inplace_implementation() -> SimpleNamespace:
     """``--impl unsloth-inplace``: Unsloth's in-place RoPE; every other op is --impl unsloth's."""
     kernel_modules()
-    from ..ops import SPECS
+    from oracle.declare.registry import SPECS
 
     return SimpleNamespace(
         rope=inplace_rope, CLOBBERS={"rope": {"Q", "K"}}, NO_FLOAT64={"rope"},

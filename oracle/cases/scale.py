@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from .cases import Case
+from oracle.cases import Case
 
 AT_SCALE_ELEMENTS = 2**26  # past it, a tensor is made on the device and its case judged on a slice
 EXCLUSIVE_ELEMENTS = 2**24  # past it, a case has its GPU to itself (one_at_a_time)

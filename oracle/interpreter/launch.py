@@ -24,8 +24,8 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import interpreter_libdevice
-from .interpreter_refusal import entering, leaving
+from oracle.interpreter import libdevice as interpreter_libdevice
+from oracle.interpreter.refusal import entering, leaving
 
 
 def _scalar_conversion(original):

@@ -12,7 +12,7 @@ Note [Finding declared ops]
     - ``ORACLE_OP_MODULES`` (comma-separated), which the two above also set, so that the worker
       processes a run starts (the report's, xdist's) find the same ops.
 
-    Registered, a declared op is in ``oracle.ops.SPECS`` like a built-in one, and everything that
+    Registered, a declared op is in ``oracle.declare.registry.SPECS`` like a built-in one, and everything that
     enumerates the registry (the generic suite, the report, the gate, ``--impl hf``/``compile``)
     covers it. Two declarations of one name are an error that names both places.
 
@@ -34,9 +34,9 @@ import traceback
 from importlib import metadata
 from pathlib import Path
 
-from .declare import DeclarationError, Op  # the one error class, re-exported
-from .ops import MODULES, SPECS
-from .specs import OpSpec
+from oracle.declare.op import Op
+from oracle.declare.spec import OpSpec
+from oracle.errors import DeclarationError
 
 __all__ = ["DeclarationError", "load_declarations", "load_declared", "load_op_modules", "register", "where"]
 
@@ -46,8 +46,12 @@ ENVIRONMENT = "ORACLE_OP_MODULES"
 # op name -> the module that declared it, for ops from --op-module / ORACLE_OP_MODULES (what a
 # repro command must load again); built-in and entry-point ops load by themselves.
 ORIGINS: dict[str, str] = {}
-_WHERE: dict[str, str] = {spec.name: module.__name__ for module in MODULES for spec in module.SPECS}
+# Every op the harness knows, by name: the built-in ones first, then the declared ones as they load.
+SPECS: dict[str, OpSpec] = {}
+_WHERE: dict[str, str] = {}
 _LOADED: set[str] = set()
+# The built-in ops' package, loaded by name as any module of declarations is: the core imports it nowhere.
+BUILTIN_OPS = "oracle.ops"
 
 
 def register(declaration, where: str) -> OpSpec:
@@ -94,10 +98,10 @@ def load_declarations(*modules: str) -> list[str]:
     """Register the declarations of ``modules`` (and, as every tool does, those of installed
     packages' entry points and of ORACLE_OP_MODULES), for a plain script::
 
-        from oracle.registry import load_declarations
+        from oracle.declare.registry import load_declarations
         ops = load_declarations("mylib.declared")  # -> ["layer_norm", ...]
 
-    Then ``oracle.ops.SPECS`` holds them, ``oracle.impls.load("mylib.impls:impl")`` checks an
+    Then ``oracle.declare.registry.SPECS`` holds them, ``oracle.declare.implementations.load("mylib.impls:impl")`` checks an
     implementation of them, and ``oracle.engine.run_case`` judges a case. Returns the ops the named
     modules declare (loaded now or before); loading a module twice registers it once. Raises
     DeclarationError naming the module for anything wrong in it."""
@@ -195,3 +199,12 @@ def _as_spec(declaration) -> OpSpec:
     if isinstance(declaration, Op):
         return declaration.spec
     raise DeclarationError(f"{declaration!r} is not a declaration (an oracle.declare.Op or an OpSpec)")
+
+
+def _register_builtins() -> None:
+    for module in importlib.import_module(BUILTIN_OPS).MODULES:
+        for spec in module.SPECS:
+            register(spec, module.__name__)
+
+
+_register_builtins()

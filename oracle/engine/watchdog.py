@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+from oracle.errors import CaseTimeout  # noqa: F401 - raised here
 
 EXIT_HUNG = 70
 GRACE_S = 30.0
@@ -31,9 +32,6 @@ GRACE_S = 30.0
 def time_limit_s() -> float:
     return float(os.environ.get("ORACLE_CASE_TIMEOUT", "300"))
 
-
-class CaseTimeout(Exception):
-    """A case ran past the time limit."""
 
 
 @contextlib.contextmanager

@@ -17,15 +17,14 @@ Note [bf16 under the interpreter]
     (ours, and most hand-written ones) gets the GPU's bits once the casts are corrected.
     ``ensure_faithful_bf16`` probes the interpreter once, installs the correction when the probe
     shows truncation, and probes again to prove the correction took. Arithmetic on bf16 values is
-    the subject of oracle/interpreter_arith.py (Note [16-bit arithmetic under the interpreter]),
+    the subject of oracle/interpreter/arith.py (Note [16-bit arithmetic under the interpreter]),
     probed and proved the same way by ``ensure_faithful_16bit_arithmetic``.
 
 Note [A library's kernels as shipped]
     ``make_faithful`` installs, once, everything else a kernel module needs to run here as it runs
-    on a GPU, with no shim of its user's: ``triton.autotune`` without a driver, one config per case
-    (oracle/autotune.py); every libdevice function, or its refusal by name
-    (oracle/interpreter_libdevice.py); scalar arguments typed as a GPU launch types them, and each
-    launch's kernel named for a refusal (oracle/interpreter_launch.py). ``prepare_for`` calls it
+    on a GPU, with no shim of its user's: every libdevice function, or its refusal by name
+    (oracle/interpreter/libdevice.py); scalar arguments typed as a GPU launch types them, and each
+    launch's kernel named for a refusal (oracle/interpreter/launch.py). ``prepare_for`` calls it
     for every implementation the harness loads. ``triton.heuristics`` needs nothing: it never
     touched the driver.
 """
@@ -161,7 +160,7 @@ def probe_bf16_casts() -> dict[str, float]:
     }
 
 
-# --- 16-bit arithmetic (Note [16-bit arithmetic under the interpreter], oracle/interpreter_arith.py) ------
+# --- 16-bit arithmetic (Note [16-bit arithmetic under the interpreter], oracle/interpreter/arith.py) ------
 
 
 @functools.cache
@@ -224,7 +223,7 @@ def ensure_faithful_16bit_arithmetic() -> str:
     if not interpreted():
         return "native"
     ensure_faithful_bf16()
-    from . import interpreter_arith
+    from oracle.interpreter import arith as interpreter_arith
 
     interpreter_arith.complete_builder()
     if not any(v for dt in (torch.bfloat16, torch.float16) for v in probe_16bit_arithmetic(dt).values()):
@@ -241,7 +240,7 @@ def ensure_faithful_16bit_arithmetic() -> str:
 @contextlib.contextmanager
 def uncorrected_16bit_arithmetic():
     """Run with the interpreter's own 16-bit arithmetic (for tests proving the correction matters)."""
-    from . import interpreter_arith
+    from oracle.interpreter import arith as interpreter_arith
 
     ensure_faithful_16bit_arithmetic()
     interpreter_arith.uninstall()
@@ -254,14 +253,10 @@ def uncorrected_16bit_arithmetic():
 @functools.cache
 def make_faithful() -> str:
     """Under the interpreter, install everything a kernel module needs to run here as on a GPU (Note [A
-    library's kernels as shipped]); 'native' on a GPU, where only the autotune pinning is installed
-    (inert outside ``oracle.autotune.pinned``)."""
-    from . import autotune
-
-    autotune.install()
+    library's kernels as shipped]); 'native' on a GPU."""
     if not interpreted():
         return "native"
-    from . import interpreter_launch
+    from oracle.interpreter import launch as interpreter_launch
 
     quiet_ieee_warnings()
     interpreter_launch.install()
@@ -302,6 +297,11 @@ def prepare_for(module_name: str):
 
 
 _TRITON_USERS: set[str] = set()  # implementation modules loaded by prepare_for once triton was imported
+
+
+def prepared_modules() -> set[str]:
+    """The modules ``prepare_for`` imported once triton was loaded."""
+    return set(_TRITON_USERS)
 
 
 def loaded_runtime() -> dict[str, str] | None:

@@ -5,7 +5,7 @@ Note [Declaring an op]
     how its inputs are made (``Tensor``: which sizes, dtype and values; ``Dim``: how a size is
     drawn), which inputs are differentiable, what an implementation may overwrite, its variants and
     parameters. From that the harness builds the same ``OpSpec`` its built-in ops have
-    (oracle/specs.py): hypothesis cases, stratified cases, the report's grid, float64 cases, the
+    (oracle/declare/spec.py): hypothesis cases, stratified cases, the report's grid, float64 cases, the
     scale slice (where a ``Dim`` counts programs), and the noise model of the verdict, derived from
     the reference (oracle/noise, Note [The derived noise model]). So every check runs on it:
     the verdict, aliasing, guard bands, version counters, determinism, float64 gradcheck.
@@ -17,9 +17,9 @@ Note [Declaring an op]
 
     Every mistake in a declaration raises ``DeclarationError`` when the ``Op`` is built, naming the
     op, the field, what was given and what is expected (as Hypothesis's ``InvalidArgument`` does):
-    one error class, which oracle.registry re-exports and oracle.impls raises for implementations.
+    one error class, which oracle.declare.registry re-exports and oracle.declare.implementations raises for implementations.
 
-    Modules of declarations are found as Note [Finding declared ops] (oracle/registry.py) says.
+    Modules of declarations are found as Note [Finding declared ops] (oracle/declare/registry.py) says.
 
 Example: LayerNorm, from a user's repository::
 
@@ -47,11 +47,12 @@ from dataclasses import dataclass, field
 import torch
 from hypothesis import strategies as st
 
-from . import cases as C
-from .cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, TILE_BOUNDARIES, VALUE_KINDS, Budget, Case, covering,
+from oracle import cases as C
+from oracle.cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, TILE_BOUNDARIES, VALUE_KINDS, Budget, Case, covering,
                     long_counts)
-from .memory import FUSE_LAST_DIM
-from .specs import DTYPES, ErrorInput, OpSpec, Programs, fill, generator, layout_last_two
+from oracle.checks.memory import FUSE_LAST_DIM
+from oracle.declare.spec import DTYPES, ErrorInput, OpSpec, Programs, fill, generator, layout_last_two
+from oracle.errors import DeclarationError  # noqa: F401 - raised here
 
 # Kinds of values beside the case's own (cases.VALUE_KINDS): what parameters usually look like.
 PARAMETER_VALUES = {
@@ -61,11 +62,6 @@ PARAMETER_VALUES = {
     "probabilities": "a softmax of N(0, 1) over the last dim",
 }
 
-
-class DeclarationError(ValueError):
-    """Every mistake in declaring an op, a module of them or an implementation: the message names
-    where (the op, the module), the field, what was given and what is expected. The one error
-    class of the declaration API (oracle.registry and oracle.impls raise it too); a ValueError."""
 
 
 @dataclass(frozen=True, init=False)
@@ -199,7 +195,7 @@ class Op:
       a tuple of dicts giving every dim's size: ``sweep=({"rows": 7, "cols": 7}, {"rows": 24, "cols":
       1000})`` (default: derived from the dims; ``full_sweep`` falls back to ``sweep``; no scale grid);
     - ``noise``, ``reordered``: a hand-written noise model and reordered reference, where one is
-      tighter than the derived ones (compare.py, oracle/specs.py);
+      tighter than the derived ones (compare.py, oracle/declare/spec.py);
     - ``error_inputs``: bad inputs and what they must give (specs.ErrorInput);
     - ``summary``: one line for tables.
     """

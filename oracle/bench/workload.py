@@ -60,28 +60,13 @@ def randn_cuda(*shape, dtype, requires_grad=False) -> torch.Tensor:
     return torch.randn(*shape, device="cuda", dtype=dtype).requires_grad_(requires_grad)
 
 
-@functools.cache
-def compile_every_case() -> None:
-    """torch.compile as the harness uses it (``--impl compile``, the benchmark's peers): a graph for
-    every case, never eager code in its place. Past dynamo's default of 8 recompiles of a function
-    (a new rank, a size of 1, another layout or eps each recompile) torch.compile runs the function
-    eagerly, with one log line: for 40 drawn rms_norm cases (CPU, derandomized draws) ``--impl
-    compile`` compiled 11 graphs and judged HF's eager code in the cases past the limit; with the
-    limits raised, 29 graphs. So the limits are raised far past what a run draws, and reaching one
-    anyway is an error the case reports."""
-    import torch._dynamo.config as dynamo
-
-    for limit, value in (("recompile_limit", 1024), ("cache_size_limit", 1024),
-                         ("accumulated_recompile_limit", 65536)):
-        if hasattr(dynamo, limit):
-            setattr(dynamo, limit, value)
-    if hasattr(dynamo, "fail_on_recompile_limit_hit"):
-        dynamo.fail_on_recompile_limit_hit = True
 
 
 def compiled(fn: Callable) -> Callable:
     """torch.compile of ``fn`` at static shapes, as a model step that only ever sees one shape compiles
     it (without ``dynamic=False`` the second shape would make dynamo recompile for dynamic shapes)."""
+    from oracle.declare.implementations import compile_every_case  # a core module that loads the op modules
+
     compile_every_case()
     return torch.compile(fn, dynamic=False)
 
@@ -92,3 +77,34 @@ def forget_compiled() -> None:
     import torch._dynamo
 
     torch._dynamo.reset()
+
+
+def checkout_kernels():
+    """This repository's kernels, found as ``--impl kernels`` finds them: never another package that
+    owns the import name ``kernels`` (Hugging Face's hub-kernels library)."""
+    from oracle.declare.implementations import builtin_module
+
+    return builtin_module("kernels")
+
+
+# Vendors whose adapter of the built-in ops (peers/<vendor>/builtin.py, in a checkout) names the
+# callables the benchmark times, in ``BENCH_PEERS``: op -> callable, as HF's model would call it.
+VENDORS = ("liger",)
+
+
+def vendor_peers(op: str, include: bool) -> Peers:
+    """The vendors' counterparts of ``op`` that can be imported here; none where ``include`` is off."""
+    import importlib
+
+    from oracle.errors import ImplementationUnavailable
+
+    found = {}
+    for vendor in VENDORS if include else ():
+        try:
+            module = importlib.import_module(f"peers.{vendor}.builtin")
+        except (ImportError, ImplementationUnavailable):  # not installed, or not in a checkout
+            continue
+        fn = module.BENCH_PEERS.get(op)
+        if fn is not None:
+            found[vendor] = lambda fn=fn: fn
+    return found

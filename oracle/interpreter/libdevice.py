@@ -35,7 +35,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from .interpreter_refusal import InterpreterRefusal, current_kernel
+from oracle.interpreter.refusal import InterpreterRefusal, current_kernel
 
 REFUSED: dict[str, str] = {
     "fast_tanhf": "it exists only in the AMD (HIP) libdevice; on an NVIDIA GPU a kernel calling it does not compile",
@@ -581,7 +581,7 @@ def extern_elementwise(builder, lib_name, lib_path, symbol, arg_list, ret_type, 
     impl = SYMBOLS.get(symbol)
     if impl is None:
         raise InterpreterRefusal(f"kernel {current_kernel()} calls {symbol}, which the CPU interpreter does not "
-                                 f"compute (oracle/interpreter_libdevice.py has no implementation for it)")
+                                 f"compute (oracle/interpreter/libdevice.py has no implementation for it)")
     shape = np.broadcast_shapes(*[np.shape(a.data) for a in arg_list])
     args = [np.broadcast_to(a.data, shape) for a in arg_list]
     with np.errstate(all="ignore"):

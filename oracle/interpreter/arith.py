@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .interpreter_refusal import InterpreterRefusal, current_kernel
+from oracle.interpreter.refusal import InterpreterRefusal, current_kernel
 
 
 def widen(bits: np.ndarray) -> np.ndarray:

@@ -99,7 +99,7 @@ class GuardedTensor:
 
     def _outside(self) -> torch.Tensor:
         """Which elements of the buffer are not the view's. Made when needed, not kept: a byte per
-        element, 2 GiB for a case at scale (oracle/scale.py)."""
+        element, 2 GiB for a case at scale (oracle/cases/scale.py)."""
         owned = torch.zeros(self.buffer.numel(), dtype=torch.bool, device=self.buffer.device)
         owned.as_strided(self._shape, self._strides, self.start).fill_(True)
         return owned.logical_not_()

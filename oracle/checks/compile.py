@@ -50,11 +50,11 @@ from dataclasses import replace
 import torch
 from torch._library.custom_ops import CustomOpDef
 
-from .cases import Case
-from .engine import Finding, place
-from .impls import Implementation
-from .memory import bits
-from .specs import OpSpec, upstream_gradient
+from oracle.cases import Case
+from oracle.engine import Finding, place
+from oracle.declare.implementations import Implementation
+from oracle.checks.memory import bits
+from oracle.declare.spec import OpSpec, upstream_gradient
 
 CHECK = "compile"
 BACKEND = "aot_eager"  # Note [The backend]

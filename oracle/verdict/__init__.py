@@ -143,8 +143,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .noise import rounding
-from .noise.rounding import ulp_of  # noqa: F401 - the verdict's ULP, defined with every other rounding
+from oracle.noise import rounding
+from oracle.noise.rounding import ulp_of  # noqa: F401 - the verdict's ULP, defined with every other rounding
 
 ELEMENT_BOUND = 2.0  # Note [The per-element judgement]: twice what HF's maths can do at an element
 SAMPLING_SDS = 4.0  # Note [The distribution judgement]: standard errors of a mean allowed as chance

@@ -4,7 +4,7 @@ helpers are oracle/noise/rounding.py's, re-exported).
 
 Note [Specs]
     The specs themselves live one op module each under oracle/ops/, collected in
-    ``oracle.ops.SPECS`` (docs/design.md §6). Tests, report, gate, the built-in implementations and
+    ``oracle.declare.registry.SPECS`` (docs/design.md §6). Tests, report, gate, the built-in implementations and
     the benchmark iterate over it; nothing else knows about individual ops. A spec holds values,
     never test names: anything an op cannot do is a field, with the reason next to it.
 
@@ -21,14 +21,13 @@ from dataclasses import dataclass, field
 import torch
 from hypothesis import strategies as st
 
-from . import cases as C
-from .cases import Case
-from .memory import CONTIGUOUS, FUSE_LAST_DIM, Fusion, Layout
+from oracle import cases as C
+from oracle.cases import Case
+from oracle.checks.memory import CONTIGUOUS, FUSE_LAST_DIM, Fusion, Layout
 # The op modules' rounding helpers, defined once with every other rounding (oracle/noise/rounding.py):
 # u of a dtype, the most rounding to it can lose, and the dtype HF upcasts to.
-from .noise.rounding import compute_dtype, rounding_error, unit_roundoff  # noqa: F401 - re-exported
-from .scale import AT_SCALE_ELEMENTS
-from .workload import Bench
+from oracle.noise.rounding import compute_dtype, rounding_error, unit_roundoff  # noqa: F401 - re-exported
+from oracle.cases.scale import AT_SCALE_ELEMENTS
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
@@ -60,7 +59,7 @@ class ErrorInput:
 @dataclass(frozen=True)
 class Programs:
     """How a case splits into independent programs (RMSNorm's rows, RoPE's tokens, SwiGLU's rows),
-    so that a case at production scale is judged on a slice of them (oracle/scale.py, Note [Judging
+    so that a case at production scale is judged on a slice of them (oracle/cases/scale.py, Note [Judging
     a case at scale]). Each program's outputs depend on its own inputs and the shared ones (W, the
     tables) only."""
 
@@ -104,7 +103,7 @@ class OpSpec:
     layout_of: Callable[[str, tuple[int, ...]], Layout]  # (layout name, shape) -> Layout
     sweep: Callable[[bool], list[Case]]  # (full) -> the report's fixed grid
     # The scale grid: the sizes people train at, run on a GPU by ``oracle.report --scale`` and
-    # ``pytest --scale`` (oracle/scale.py); needs ``programs``.
+    # ``pytest --scale`` (oracle/cases/scale.py); needs ``programs``.
     scale: Callable[[], list[Case]] = list
     programs: Programs | None = None
 
@@ -132,12 +131,7 @@ class OpSpec:
     # sum over rows) moves, same signature; tensors not named here sum nothing (compare.py, Note [The
     # distribution judgement]).
     order_noise: dict[str, Callable[[dict, dict], torch.Tensor]] = field(default_factory=dict)
-
-    # --- the built-in implementations and the benchmark (oracle/impls.py, oracle/bench/)
-    hf: Callable | None = None  # HF's maths as the contract's callable; None: ``reference`` itself
-    liger: Callable[[], Callable] | None = None  # () -> Liger-Kernel's counterpart (ImportError without
-    # liger-kernel); None: Liger has none
-    bench: Bench | None = None  # its workloads at model shapes; None: not benchmarked
+    hf: Callable | None = None  # HF's maths as the contract's callable (``--impl hf``); None: ``reference`` itself
 
     def __post_init__(self):
         missing = set(self.compared()) - set(self.noise)
@@ -191,7 +185,7 @@ def generator(case: Case, salt: str) -> torch.Generator:
 
 def fill(shape, dtype: torch.dtype, kind: str, gen: torch.Generator, device) -> torch.Tensor:
     """Values of one kind (cases.VALUE_KINDS) made on the CPU in fp64, rounded to dtype, then moved.
-    A tensor at production scale (oracle/scale.py) is made on its GPU instead, in fp32, by a
+    A tensor at production scale (oracle/cases/scale.py) is made on its GPU instead, in fp32, by a
     generator of that GPU seeded alike: the host would take minutes and a 17 GB fp64 copy."""
     device = torch.device(device)
     if device.type == "cuda" and math.prod(shape) > AT_SCALE_ELEMENTS:

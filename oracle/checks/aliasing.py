@@ -14,7 +14,7 @@ and where:
 - ``deterministic``      forward and backward run twice on identical inputs give identical bits
                          (on a GPU, what atomics and races change between runs).
 - ``compile``            inside torch.compile(fullgraph=True), the same bits as in eager mode;
-                         a custom op's schema against CLOBBERS, and opcheck (oracle/compile_check.py).
+                         a custom op's schema against CLOBBERS, and opcheck (oracle/checks/compile.py).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from collections.abc import Callable
 
 import torch
 
-from . import compile_check
-from .cases import Case
-from .compare import bit_identical
-from .engine import COVERAGE, INFLIGHT_HOOKS, Finding, changed_findings, guard_findings, place, prepare
-from .impls import Implementation
-from .memory import GuardedTensor, Snapshot, bits, rehomed_allocations
-from .specs import OpSpec, fill, generator
-from .watchdog import time_limit
+from oracle.checks import compile as compile_check
+from oracle.cases import Case
+from oracle.verdict import bit_identical
+from oracle.engine import COVERAGE, INFLIGHT_HOOKS, Finding, changed_findings, guard_findings, place, prepare
+from oracle.declare.implementations import Implementation
+from oracle.checks.memory import GuardedTensor, Snapshot, bits, rehomed_allocations
+from oracle.declare.spec import OpSpec, fill, generator
+from oracle.engine.watchdog import time_limit
 
 
 def _verdict_findings(check: str, spec: OpSpec, got: dict, prepared, names) -> list[Finding]:

@@ -12,7 +12,7 @@ the registry, named as in ``kernels/__init__.py``) and optionally:
 - ``EXACT_MATHS``: True (or a set of ops): the implementation evaluates exp, division and square
   roots as exactly as CUDA's library does, and is judged without the room fast GPU maths has.
 - ``COMPILES``: True (or a set of ops): the ops go whole into a ``torch.compile`` graph, so that a
-  graph break fails the compile check (oracle/compile_check.py) instead of being a note.
+  graph break fails the compile check (oracle/checks/compile.py) instead of being a note.
 
 ``implementation(my_op=fn, CLOBBERS=..., COMPILES=...)`` builds one from keywords (``ATTRIBUTES``
 lists the attributes it takes); its op names are checked when the harness loads it, not when it is
@@ -28,7 +28,7 @@ Built in:
 - ``liger``: Liger-Kernel's autograd ops behind the contract's signatures, when ``liger-kernel`` is
   installed (``pip install 'kernel-oracle[liger]'``). It declares no CLOBBERS: Liger documents none.
 - ``unsloth``, ``unsloth-inplace``: Unsloth's released kernels, called as Unsloth calls them
-  (oracle/adapters/unsloth.py); on a GPU, with ``unsloth`` and ``unsloth_zoo`` installed.
+  (peers/unsloth/adapter.py); on a GPU, with ``unsloth`` and ``unsloth_zoo`` installed.
 
 hf, compile and liger are built from the registry (oracle/ops/): a new op is covered by them
 through its spec.
@@ -39,17 +39,19 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from . import interpreter
-from .declare import DeclarationError
-from .ops import SPECS
-from .workload import compile_every_case
+from oracle import interpreter
+from oracle.declare.registry import SPECS
+from oracle.cases import autotune
+from oracle.errors import DeclarationError, ImplementationUnavailable
 
 # What an implementation may declare beside its ops, and the form of each.
 ATTRIBUTES = {
@@ -154,15 +156,12 @@ class Partial(SimpleNamespace):
                 f"implementation({where}): {', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} "
                 f"not a registered op{f' ({hints})' if hints else ''}; the registry's ops are {', '.join(SPECS)}. "
                 "A declared op is registered once its module is loaded: --op-module or the ini option "
-                "oracle_op_modules, or oracle.registry.load_declarations(...) in a script")
+                "oracle_op_modules, or oracle.declare.registry.load_declarations(...) in a script")
 
     def __repr__(self) -> str:
         given = [*self._ops, *self._attributes, *(("LACKING",) if self._lacking else ())]
         return f"implementation({', '.join(given)})"
 
-
-class ImplementationUnavailable(RuntimeError):
-    """The implementation cannot be loaded here (a missing optional package, say); the reason says why."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +254,25 @@ def scalar_inductor_on_a_default_cpu() -> None:
         inductor.cpp.simdlen = 1
 
 
+@functools.cache
+def compile_every_case() -> None:
+    """torch.compile as the harness uses it (``--impl compile``, the benchmark's peers): a graph for
+    every case, never eager code in its place. Past dynamo's default of 8 recompiles of a function
+    (a new rank, a size of 1, another layout or eps each recompile) torch.compile runs the function
+    eagerly, with one log line: for 40 drawn rms_norm cases (CPU, derandomized draws) ``--impl
+    compile`` compiled 11 graphs and judged HF's eager code in the cases past the limit; with the
+    limits raised, 29 graphs. So the limits are raised far past what a run draws, and reaching one
+    anyway is an error the case reports."""
+    import torch._dynamo.config as dynamo
+
+    for limit, value in (("recompile_limit", 1024), ("cache_size_limit", 1024),
+                         ("accumulated_recompile_limit", 65536)):
+        if hasattr(dynamo, limit):
+            setattr(dynamo, limit, value)
+    if hasattr(dynamo, "fail_on_recompile_limit_hit"):
+        dynamo.fail_on_recompile_limit_hit = True
+
+
 def _compile():
     """torch.compile of HF's maths for every autograd op; a raw kernel has no HF graph to compile."""
     scalar_inductor_on_a_default_cpu()
@@ -268,80 +286,94 @@ def _compile():
     return SimpleNamespace(**ops, LACKING=lacking)
 
 
-def _liger():
-    """Liger-Kernel's counterpart of every spec that names one (``OpSpec.liger``). It declares no
-    CLOBBERS: Liger documents none."""
-    ops, lacking = {}, {}
-    for name, spec in SPECS.items():
-        if spec.liger is None:
-            lacking[name] = "Liger-Kernel has no counterpart"
-            continue
-        try:
-            ops[name] = spec.liger()
-        except ImportError as exc:
-            raise ImplementationUnavailable(
-                f"liger-kernel is not importable ({exc}); install it with pip install 'kernel-oracle[liger]'") from exc
-    return SimpleNamespace(**ops, LACKING=lacking)
-
-
 def _kernels():
     """This repository's own kernels/, found beside the oracle package, and never another package
-    named ``kernels`` (Hugging Face's hub-kernels library owns that import name once installed)."""
-    import importlib.util
-    from pathlib import Path
+    named ``kernels`` (Hugging Face's hub-kernels library owns that import name once installed).
+    Loaded as any ``--impl`` module is: the harness sets up the interpreter for it on a CPU."""
+    return builtin_module("kernels")
 
-    root = Path(__file__).resolve().parents[1]
-    # A checkout has its pyproject.toml beside oracle/ and kernels/; an installed oracle/ sits in
-    # site-packages, where a kernels/ can only be someone else's.
-    if not ((root / "pyproject.toml").is_file() and (root / "kernels" / "__init__.py").is_file()):
+
+def checkout_root() -> Path | None:
+    """The repository this oracle/ was loaded from, or None where it is installed: a checkout has its
+    pyproject.toml beside oracle/ and kernels/; an installed oracle/ sits in site-packages."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() and (root / "kernels" / "__init__.py").is_file() else None
+
+
+def builtin_module(name: str):
+    """A module of this checkout (``kernels``), imported by name as an ``--impl`` module is, after
+    checking that the import name finds the checkout's own package."""
+    root = checkout_root()
+    if root is None:
         raise ImplementationUnavailable(
             "this project's own kernels live in its repository and are not installed with the wheel (the import "
             "name `kernels` belongs to Hugging Face's hub-kernels library); run from a checkout, or pass "
             "--impl your.module:attr")
-    spec = importlib.util.find_spec("kernels")
+    spec = importlib.util.find_spec(name)
     found = Path(spec.origin).resolve().parent if spec is not None and spec.origin else None
-    if found != root / "kernels":
+    if found != root / name:
         raise ImplementationUnavailable(
-            f"`import kernels` finds {found or 'nothing'}, not this checkout's {root / 'kernels'}; run from the "
+            f"`import {name}` finds {found or 'nothing'}, not this checkout's {root / name}; run from the "
             "checkout's root, or put it first on PYTHONPATH")
-    return importlib.import_module("kernels")
+    return prepared(name)
 
 
-def _unsloth(inplace: bool):
-    """Unsloth's released kernels (oracle/adapters/unsloth.py); a GPU machine only."""
-    def build():
-        from .adapters import unsloth
+def prepared(module_name: str):
+    """Import an implementation's module as the harness runs it: on a CPU its Triton kernels in the
+    interpreter, made to compute as a GPU does (oracle/interpreter/), and autotuned kernels run one
+    config per case (oracle/cases/autotune.py). Any exception while importing it becomes
+    ImplementationUnavailable naming the module and the exception (a usage error, never a crash)."""
+    try:
+        module = interpreter.prepare_for(module_name)
+    except ImplementationUnavailable:
+        raise
+    except DeclarationError as exc:  # implementation(...) misused at the module's top level
+        raise DeclarationError(f"{module_name}: {exc}") from exc
+    except ImportError as exc:
+        raise ImplementationUnavailable(f"cannot import {module_name!r}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module: say which, not a traceback
+        raise ImplementationUnavailable(f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from exc
+    autotune.install()
+    return module
 
-        try:
-            return unsloth.inplace_implementation() if inplace else unsloth.implementation()
-        except unsloth.Unavailable as exc:
-            raise ImplementationUnavailable(str(exc)) from exc
 
-    return build
+BUILTIN = {"kernels": _kernels, "hf": _hf, "compile": _compile}
+# Vendors' adapters of the built-in ops, in this repository's peers/ (so from a checkout): a name for
+# ``--impl`` -> "module:factory", the factory building the implementation (and raising
+# ImplementationUnavailable where the vendor's package cannot run here).
+ADAPTERS = {"liger": "peers.liger.builtin:adapter", "unsloth": "peers.unsloth.adapter:implementation",
+            "unsloth-inplace": "peers.unsloth.adapter:inplace_implementation"}
 
 
-BUILTIN = {"kernels": _kernels, "hf": _hf, "compile": _compile, "liger": _liger,
-           "unsloth": _unsloth(inplace=False), "unsloth-inplace": _unsloth(inplace=True)}
+def _adapter(name: str):
+    module_name, factory = ADAPTERS[name].split(":")
+    try:
+        module = prepared(module_name)
+    except ImplementationUnavailable as exc:
+        if isinstance(exc.__cause__, ModuleNotFoundError) and (exc.__cause__.name or "").split(".")[0] == "peers":
+            raise ImplementationUnavailable(f"--impl {name} is the adapter in this repository's peers/, which a "
+                                            "wheel does not install; run from a checkout") from exc
+        raise
+    return getattr(module, factory)()
 
 
 @functools.cache
 def load(name: str) -> Implementation:
-    """``kernels``, ``hf``, ``compile``, ``liger``, or ``package.module:attr`` (attr may be dotted)."""
+    """``kernels``, ``hf``, ``compile``, a vendor's adapter (``liger``, ...), or ``package.module:attr``
+    (attr may be dotted)."""
     if name in BUILTIN:
         return Implementation(name, BUILTIN[name]())
+    if name in ADAPTERS:
+        return Implementation(name, _adapter(name))
     if ":" not in name:
-        raise ValueError(f"unknown implementation {name!r}: use one of {', '.join(BUILTIN)} or package.module:attr")
+        raise ValueError(f"unknown implementation {name!r}: use one of {', '.join([*BUILTIN, *ADAPTERS])} or "
+                         "package.module:attr")
     module_name, attr = name.split(":", 1)
     # A module in the working directory is importable, as under ``python -m``: plain ``pytest``
     # does not put the directory on sys.path, and an author's implementation usually lives there.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
-        target = interpreter.prepare_for(module_name)  # on a CPU, its Triton kernels in the interpreter
-    except ImportError as exc:
-        raise ImplementationUnavailable(f"cannot import {module_name!r}: {exc}") from exc
-    except DeclarationError as exc:  # implementation(...) misused at the module's top level
-        raise DeclarationError(f"{module_name}: {exc}") from exc
+    target = prepared(module_name)
     for part in attr.split("."):
         try:
             target = getattr(target, part)

@@ -1,7 +1,7 @@
 """What the CPU interpreter refuses to compute, and which kernel asked.
 
-A kernel operation the interpreter cannot compute as a GPU does (oracle/interpreter_libdevice.py,
-oracle/interpreter_arith.py) raises ``InterpreterRefusal`` naming the kernel and the reason, so that
+A kernel operation the interpreter cannot compute as a GPU does (oracle/interpreter/libdevice.py,
+oracle/interpreter/arith.py) raises ``InterpreterRefusal`` naming the kernel and the reason, so that
 the case ends as an error saying the CPU cannot judge it, never as a result judged against HF.
 """
 

@@ -27,16 +27,18 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from . import autotune, noise
-from . import reference as R
-from . import scale
-from .cases import Case
-from .compare import ELEMENT_BOUND, Spread, TensorVerdict, describe_element, judge, summation_noise
-from .impls import Implementation
-from .memory import BROADCAST_ROWS, CONTIGUOUS, GuardedTensor, Layout, Snapshot, bits, copy_into, rehomed_allocations
-from .ops import SPECS
-from .specs import OpSpec, upstream_gradient
-from .watchdog import time_limit
+from oracle import noise
+from oracle.cases import autotune
+from oracle.declare import reference as R
+from oracle.cases import scale
+from oracle.cases import Case
+from oracle.verdict import ELEMENT_BOUND, Spread, TensorVerdict, describe_element, judge, summation_noise
+from oracle.declare.implementations import Implementation
+from oracle.checks.memory import BROADCAST_ROWS, CONTIGUOUS, GuardedTensor, Layout, Snapshot, bits, copy_into, rehomed_allocations
+from oracle.declare.registry import SPECS
+from oracle.declare.spec import OpSpec, upstream_gradient
+from oracle.engine.watchdog import time_limit
+from oracle.errors import CaseError, CaseFailed, Float64Failure  # noqa: F401 - raised here
 
 
 # Cases run in this process, by (op, dtype): the test session prints them at the end.
@@ -47,7 +49,7 @@ COVERAGE: Counter = Counter()
 # Called with (case, impl name[, check]) before a case or an aliasing check runs and (None, None)
 # after, so that a crash that kills the process can still be traced to it (the pytest plugin
 # records it for xdist); and so that an autotuned kernel runs the one config the case's number
-# chooses, in every tool (oracle/autotune.py, Note [One config per case]).
+# chooses, in every tool (oracle/cases/autotune.py, Note [One config per case]).
 INFLIGHT_HOOKS: list[Callable] = [autotune.case_hook]
 
 
@@ -122,7 +124,7 @@ class CaseResult:
                                         "fast (Triton's tl.exp granted; oracle/noise/rounding.py, Note [Fast maths])"))
         if self.scope:
             lines.append(f"  {self.scope}")
-        if self.configs:  # oracle/autotune.py: the case's number chose them; its rerun runs them again
+        if self.configs:  # oracle/cases/autotune.py: the case's number chose them; its rerun runs them again
             lines.append("  autotuned, judged with: " + "; ".join(self.configs))
         for v in self.verdicts:
             mark = "ok  " if v.passed else "FAIL"
@@ -150,22 +152,12 @@ class CaseResult:
         return "\n".join(lines)
 
 
-class CaseFailed(AssertionError):
-    """A case's verdict failed; the message is its explain() text, ``result`` the CaseResult."""
-
-    def __init__(self, result: CaseResult):
-        super().__init__(result.explain())
-        self.result = result
-
-
-class CaseError(CaseFailed):
-    """A case ended in an exception or a crash, not in a verdict (its explain() has the traceback)."""
 
 
 def repro_command(case: Case, impl: str, check: str | None = None, float64: bool = False) -> str:
     """The one command that reruns exactly this case (and, given, one aliasing check of it, or its
     float64 check)."""
-    from .registry import ORIGINS
+    from oracle.declare.registry import ORIGINS
 
     check_flag = f" --check {check}" if check else " --float64" if float64 else ""
     module = f" --op-module {shlex.quote(ORIGINS[case.op])}" if case.op in ORIGINS else ""
@@ -209,7 +201,7 @@ def _whole(name: str, t: torch.Tensor) -> torch.Tensor:
 class Prepared:
     """A case's arguments (the implementation runs on these) and the three reference evaluations it
     is judged against: of the whole case, or of the slice ``compared_part`` takes from each compared
-    tensor (a case at scale, oracle/scale.py)."""
+    tensor (a case at scale, oracle/cases/scale.py)."""
 
     args: dict
     upstream: dict[str, torch.Tensor]
@@ -373,7 +365,7 @@ def _accumulator(case: Case) -> torch.dtype:
 
 
 def _prepare_on_a_slice(spec: OpSpec, case: Case, args: dict, upstream_fn, maths: str = "fast") -> Prepared:
-    """A case at scale (oracle/scale.py, Note [Judging a case at scale]): the references of a slice of
+    """A case at scale (oracle/cases/scale.py, Note [Judging a case at scale]): the references of a slice of
     its programs, and of the gradients summed over all of them; the implementation gets it whole."""
     programs = spec.programs
     with torch.no_grad():
@@ -611,7 +603,7 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
     for hook in INFLIGHT_HOOKS:
         hook(case, impl.name)
     try:
-        # a case at scale waits for its GPU before its time starts (oracle/scale.py)
+        # a case at scale waits for its GPU before its time starts (oracle/cases/scale.py)
         with scale.one_at_a_time(spec, case, device), time_limit(case.summary()):
             prepared = prepare(spec, case, device, maths=impl.maths(spec.name))
             run = run_impl(spec, case, impl, prepared, device)
@@ -636,10 +628,6 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
 
 # --- float64 ------------------------------------------------------------------------------------
 
-
-class Float64Failure(AssertionError):
-    """A float64 check failed (gradcheck, or a raw kernel against HF's formula); the message has the
-    case, what failed, the repro command and the NO_FLOAT64 hint."""
 
 
 def float64_notes(spec: OpSpec, case: Case, impl_name: str) -> list[str]:
