@@ -2,7 +2,7 @@
 
 import torch
 
-from oracle.declare import Dim, Op, Tensor
+from oracle import Dim, Op, Tensor
 
 SOFTMAX = Op(
     "softmax",

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from oracle.declare.implementations import implementation
+from oracle import implementation
 
 
 @triton.jit

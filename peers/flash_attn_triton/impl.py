@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from oracle.declare.implementations import ImplementationUnavailable
+from oracle import ImplementationUnavailable
 
 from . import ops
 
@@ -130,7 +130,7 @@ def _varlen(rotary):
 
 
 def _implementation() -> types.SimpleNamespace:
-    from oracle.declare.registry import SPECS
+    from oracle import SPECS
 
     found, lacking = _load()
     others = {op: "not a flash-attn kernel" for op in SPECS if op not in found and op not in lacking}

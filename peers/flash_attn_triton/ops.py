@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from oracle.declare import Dim, Op, Tensor
+from oracle import Dim, Op, Tensor
 
 ROTARY_BASE = 10000.0
 HEAD_HALVES = Dim(1, 128, special=(1, 4, 16, 32, 40, 48, 64, 128))  # head dims 2..256; 80 and 96 included

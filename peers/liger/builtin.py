@@ -8,7 +8,7 @@ declares no CLOBBERS, as Liger documents none; every other op is lacking (Liger 
 
 from __future__ import annotations
 
-from oracle.declare.implementations import ImplementationUnavailable, implementation
+from oracle import ImplementationUnavailable, implementation
 from oracle.ops.rope import table_rows
 
 try:

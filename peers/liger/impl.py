@@ -16,7 +16,7 @@ for any other device (``NUM_SMS`` is never bound), so it is declared lacking the
 from __future__ import annotations
 
 from oracle.engine.devices import native_gpu
-from oracle.declare.implementations import ImplementationUnavailable, implementation
+from oracle import ImplementationUnavailable, implementation
 
 from . import ops
 

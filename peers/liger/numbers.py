@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from oracle.declare.implementations import ImplementationUnavailable, implementation
+from oracle import ImplementationUnavailable, implementation
 from oracle.ops.rope import table_rows
 
 try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from oracle.declare import Choice, Dim, Integers, Op, Tensor
+from oracle import Choice, Dim, Integers, Op, Tensor
 
 ROWS = Dim(1, 4096, programs=True)
 WIDTH = Dim(1, 8192, special=(1, 7, 128, 1000, 1023, 4097, 8192))

@@ -16,8 +16,8 @@ import sys
 
 import torch
 
-from oracle.adapters import unsloth as adapter
-from oracle.declare.implementations import ImplementationUnavailable, implementation
+from oracle import ImplementationUnavailable, implementation
+from peers.unsloth import adapter
 
 if not torch.cuda.is_available() and os.environ.get("UNSLOTH_ALLOW_CPU") != "1":
     raise ImplementationUnavailable("Unsloth refuses to import without a GPU; on a CPU set its own test-only switch "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from oracle.declare import Choice, Dim, Integers, Op, Tensor
+from oracle import Choice, Dim, Integers, Op, Tensor
 
 BATCH = Dim(1, 4, special=(1, 2))
 SEQ = Dim(1, 512, special=(1, 3, 64, 257), programs=True)

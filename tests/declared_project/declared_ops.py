@@ -5,7 +5,7 @@ reference in plain torch and a few lines of data. Found through this project's e
 import torch
 import torch.nn.functional as F
 
-from oracle.declare import Dim, Integers, Op, Tensor
+from oracle import Dim, Integers, Op, Tensor
 
 ROWS = Dim(1, 4096, programs=True)
 WIDTH = Dim(1, 8192, special=(1, 7, 128, 1000, 1023, 4097, 8192))
@@ -52,6 +52,6 @@ SOFTMAX = Op(
 
 # A KernelBench-style problem: the module's parameters become inputs, get_inputs() gives the shapes.
 import kernelbench_gemm_gelu as problem  # noqa: E402
-from oracle.declare import from_module  # noqa: E402
+from oracle import from_module  # noqa: E402
 
 GEMM_GELU = from_module("gemm_gelu", problem.Model, problem.get_inputs, problem.get_init_inputs)

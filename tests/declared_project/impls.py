@@ -6,7 +6,7 @@ import torch._functorch.config
 import torch.nn.functional as F
 
 import declared_ops as ops
-from oracle.declare.implementations import implementation
+from oracle import implementation
 
 # A compiled graph donates its saved buffers to backward unless told not to; gradcheck and the
 # retain-graph check run backward more than once.

@@ -1,7 +1,7 @@
 """Liger-Kernel 0.8.5's counterparts of the declared ops, behind the declarations' signatures
 (on a GPU, with liger-kernel installed): each called with Liger's defaults."""
 
-from oracle.declare.implementations import implementation
+from oracle import implementation
 
 
 def _liger():
