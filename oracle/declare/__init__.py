@@ -5,3 +5,6 @@ The public names are re-exported by ``oracle`` itself."""
 
 from oracle.declare.op import (PARAMETER_VALUES, Choice, DeclarationError, Dim, Fixed, Integers, Op, Tensor,  # noqa: F401
                                call_module, from_module)
+
+__all__ = ["PARAMETER_VALUES", "Choice", "DeclarationError", "Dim", "Fixed", "Integers", "Op", "Tensor", "call_module",
+           "from_module"]

@@ -53,6 +53,11 @@ from oracle.declare.registry import SPECS
 from oracle.cases import autotune
 from oracle.errors import DeclarationError, ImplementationUnavailable
 
+# What other modules use (``implementation``, ``load`` and ``Implementation`` are re-exported by
+# ``oracle``, where a user's code imports them); the rest is internal.
+__all__ = ["ADAPTERS", "ATTRIBUTES", "BUILTIN", "OPS", "Implementation", "Partial", "builtin_module", "checkout_root",
+           "compile_every_case", "implementation", "load", "prepared", "scalar_inductor_on_a_default_cpu"]
+
 # What an implementation may declare beside its ops, and the form of each.
 ATTRIBUTES = {
     "CLOBBERS": "a dict of op -> the argument names it may overwrite",
@@ -166,6 +171,11 @@ class Partial(SimpleNamespace):
 
 @dataclass(frozen=True)
 class Implementation:
+    """A loaded implementation (``load``): ``impl.rms_norm(X, W, eps)`` calls an op of the registry
+    it provides, as ``impl.op("rms_norm")`` returns it; ``dir(impl)`` lists those ops. An op it
+    lacks, or a name that is no op, raises AttributeError saying why. A method's name (``select``,
+    ``maths``, ...) is the method, never an op: ``op(name)`` reaches every op."""
+
     name: str  # as given on the command line
     target: object
 
@@ -175,6 +185,32 @@ class Implementation:
 
     def __repr__(self) -> str:  # what pytest and hypothesis print of a test's argument: the name, not the target
         return f"Implementation({self.name!r})"
+
+    def __getattr__(self, name: str):
+        # Only for names found nowhere else. A private or special name (pickle's and copy's probes
+        # of an object still being rebuilt, before ``target`` is set) is no op: look nothing up.
+        if name.startswith("_") or "target" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        found = self.op(name) if name in SPECS else None
+        if found is None:
+            raise AttributeError(self._why_not(name))
+        return found
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *(op for op in SPECS if self.op(op) is not None)})
+
+    def _why_not(self, name: str) -> str:
+        """Why ``impl.<name>`` is no callable: the op is lacking (and the reason declared), or no op
+        of the registry has that name (the close ones named)."""
+        if name in SPECS:
+            reason = self.declared_lacking().get(name, "it neither provides it nor declares it in LACKING")
+            return f"{self.name} lacks the op {name!r}: {reason}"
+        close = difflib.get_close_matches(name, SPECS, n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+        unregistered = ("; an op declared in a module the registry has not loaded is registered by "
+                        "load_declarations(module)") if getattr(self.target, name, None) is not None else ""
+        return (f"{name!r} is not an op of the registry: {hint}{self.name} provides "
+                f"{', '.join(op for op in SPECS if self.op(op) is not None) or 'none of them'}{unregistered}")
 
     def op(self, op: str):
         return getattr(self.target, op, None)

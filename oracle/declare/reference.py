@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+# What op modules use to mirror HF's maths and to evaluate the truth; the rest is internal.
+__all__ = ["MIRRORS", "Mirror", "mirrors", "truth", "upcast"]
+
 
 @dataclass(frozen=True)
 class Mirror:

@@ -38,7 +38,10 @@ from oracle.declare.op import Op
 from oracle.declare.spec import OpSpec
 from oracle.errors import DeclarationError
 
-__all__ = ["DeclarationError", "load_declarations", "load_declared", "load_op_modules", "register", "where"]
+# What other modules use (``load_declarations`` and ``SPECS`` are re-exported by ``oracle``, where a
+# user's code imports them); the rest is internal.
+__all__ = ["ENTRY_POINT_GROUP", "ENVIRONMENT", "ORIGINS", "SPECS", "DeclarationError", "load_declarations",
+           "load_declared", "load_op_modules", "register", "where"]
 
 ENTRY_POINT_GROUP = "kernel_oracle.ops"
 ENVIRONMENT = "ORACLE_OP_MODULES"
