@@ -161,7 +161,7 @@ class Partial(SimpleNamespace):
                 f"implementation({where}): {', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} "
                 f"not a registered op{f' ({hints})' if hints else ''}; the registry's ops are {', '.join(SPECS)}. "
                 "A declared op is registered once its module is loaded: --op-module or the ini option "
-                "oracle_op_modules, or oracle.declare.registry.load_declarations(...) in a script")
+                "oracle_op_modules, or oracle.load_declarations(...) in a script")
 
     def __repr__(self) -> str:
         given = [*self._ops, *self._attributes, *(("LACKING",) if self._lacking else ())]

@@ -101,11 +101,11 @@ def load_declarations(*modules: str) -> list[str]:
     """Register the declarations of ``modules`` (and, as every tool does, those of installed
     packages' entry points and of ORACLE_OP_MODULES), for a plain script::
 
-        from oracle.declare.registry import load_declarations
+        from oracle import load_declarations
         ops = load_declarations("mylib.declared")  # -> ["layer_norm", ...]
 
-    Then ``oracle.declare.registry.SPECS`` holds them, ``oracle.declare.implementations.load("mylib.impls:impl")`` checks an
-    implementation of them, and ``oracle.engine.run_case`` judges a case. Returns the ops the named
+    Then ``oracle.SPECS`` holds them, ``oracle.load("mylib.impls:impl")`` checks an
+    implementation of them, and ``oracle.run_case`` judges a case. Returns the ops the named
     modules declare (loaded now or before); loading a module twice registers it once. Raises
     DeclarationError naming the module for anything wrong in it."""
     stray = [m for m in modules if not isinstance(m, str) or not m.strip()]
