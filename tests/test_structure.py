@@ -187,3 +187,64 @@ def test_no_module_imports_itself_through_others():
     for module in sorted(graph):
         visit(module, [])
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+# Functions over MAX_FUNCTION_LINES that are tables of data, each with why: rows read one by one,
+# which splitting would only scatter.
+LONG_ON_PURPOSE = {
+    "oracle/ops/elementwise.py:elementwise_errors": "the gated ops' error inputs: a table of ErrorInput rows",
+    "oracle/ops/elementwise.py:elementwise_errors.errors": "the same table, built per case's device",
+    "oracle/ops/rope.py:_rope_errors": "RoPE's error inputs: a table of ErrorInput rows and the builders they share",
+}
+MAX_FUNCTION_LINES = 80
+
+
+def _long_functions(path: Path, root: Path = ORACLE.parent) -> dict[str, int]:
+    """``path:qualified.name`` -> lines from ``def`` to the function's end, for every function of
+    ``path`` longer than MAX_FUNCTION_LINES (nested functions and methods named by where they sit)."""
+    import ast
+
+    found = {}
+
+    def visit(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, prefix)
+                continue
+            name = prefix + child.name
+            lines = child.end_lineno - child.lineno + 1
+            if not isinstance(child, ast.ClassDef) and lines > MAX_FUNCTION_LINES:
+                found[f"{path.relative_to(root)}:{name}"] = lines
+            visit(child, name + ".")
+
+    visit(ast.parse(path.read_text()), "")
+    return found
+
+
+def test_no_function_in_the_oracle_is_over_80_lines():
+    """A function reads whole or not at all: past 80 lines, split it into functions whose names say
+    what each part does. Only tables of data stay long (LONG_ON_PURPOSE), and an entry that is no
+    longer long leaves the list."""
+    long = {name: lines for p in _sources() for name, lines in _long_functions(p).items()}
+    over = [f"{name}: {lines} lines" for name, lines in sorted(long.items()) if name not in LONG_ON_PURPOSE]
+    assert not over, "\n".join(over)
+    stale = sorted(set(LONG_ON_PURPOSE) - set(long))
+    assert not stale, f"no longer over {MAX_FUNCTION_LINES} lines, take them off LONG_ON_PURPOSE: {stale}"
+
+
+def _planted_function(name: str, lines: int, indent: str = "") -> str:
+    """The source of a function of exactly ``lines`` lines, ``def`` included."""
+    return f"{indent}def {name}():\n" + "".join(f"{indent}    x{i} = {i}\n" for i in range(lines - 1))
+
+
+def test_a_long_function_is_seen(tmp_path):
+    """The check above counts from ``def`` to the end, in nested functions and methods too, and
+    passes a function of exactly 80 lines (written outside the checkout: other tests scan tests/)."""
+    planted = tmp_path / "planted_long.py"
+    planted.write_text(_planted_function("fits", 80) + _planted_function("too_long", 81)
+                       + "class C:\n" + _planted_function("method", 81, "    ")
+                       + "def outer():\n" + _planted_function("inner", 10, "    ") + "    return inner\n"
+                       + "def outer_of_a_long_one():\n" + _planted_function("inner", 81, "    ") + "    return inner\n")
+    assert _long_functions(planted, tmp_path) == {
+        "planted_long.py:too_long": 81, "planted_long.py:C.method": 81,
+        "planted_long.py:outer_of_a_long_one": 83, "planted_long.py:outer_of_a_long_one.inner": 81}

@@ -472,8 +472,9 @@ def _float_pair(name, f, *, f32=None, f64=None):
     return {f"__nv_{name}f": f32 or _unary(f, np.float32), f"__nv_{name}": f64 or (lambda x: f(_f64(x)))}
 
 
-def _build() -> dict:
-    t: dict = {}
+def _add_unary(t: dict) -> None:
+    """Functions of one float: libdevice's maths (at fp32 and fp64), its absolute values, class tests and
+    fast variants."""
     unary = {
         "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "rint": np.rint, "nearbyint": np.rint,
         "round": _round_half_away, "exp2": np.exp2, "exp": np.exp, "exp10": lambda x: np.power(10.0, x),
@@ -503,6 +504,11 @@ def _build() -> dict:
     for fast, exact in {"sinf": "sinf", "cosf": "cosf", "log2f": "log2f", "logf": "logf", "expf": "expf",
                         "tanf": "tanf", "exp10f": "exp10f", "log10f": "log10f"}.items():
         t[f"__nv_fast_{fast}"] = t[f"__nv_{exact}"]
+
+
+def _add_binary(t: dict) -> None:
+    """Functions of several floats: libdevice's maths of two operands, integer powers and exponents,
+    Bessel functions of any order, norms and fused multiply-adds."""
     binary = {"atan2": np.arctan2, "hypot": np.hypot, "rhypot": lambda x, y: 1.0 / np.hypot(x, y),
               "pow": np.power, "remainder": np.vectorize(math.remainder, otypes=[np.float64])}
     for name, f in binary.items():
@@ -529,6 +535,10 @@ def _build() -> dict:
     t["__nv_fmaf"] = t["__nv_fmaf_rn"] = _fma_nearest(np.float32)
     t["__nv_fma"] = t["__nv_fma_rn"] = _fma_nearest(np.float64)
     t["__nv_frsqrt_rn"] = _unary(lambda x: 1.0 / np.sqrt(x), np.float32)
+
+
+def _add_rounding_modes(t: dict) -> None:
+    """Arithmetic and conversions with a rounding mode in their name (rn, rz, rd, ru)."""
     # operations with a rounding mode in their name: exact in rationals, then rounded in that mode
     ops = {"add": _q_add, "sub": _q_sub, "mul": _q_mul, "div": _q_div, "rcp": _q_rcp, "sqrt": _q_sqrt}
     for mode in ("rn", "rz", "rd", "ru"):
@@ -551,6 +561,10 @@ def _build() -> dict:
     t["__nv_int2double_rn"] = t["__nv_uint2double_rn"] = _from_int(np.float64, "rn")
     t["__nv_llrintf"] = t["__nv_llrint"] = _to_int("rn", _I64, _I64)
     t["__nv_llroundf"] = t["__nv_llround"] = lambda x: _to_int("rz", _I64, _I64)(_round_half_away(_f64(x)))
+
+
+def _add_bits(t: dict) -> None:
+    """Reinterpretations of bits, and the integer intrinsics (bit counts, high products, averages)."""
     t["__nv_hiloint2double"] = _hilo
     t["__nv_double2loint"] = lambda x: np.asarray(x, np.float64).view(_U64).astype(_U32).view(_I32)
     t["__nv_double2hiint"] = lambda x: (np.asarray(x, np.float64).view(_U64) >> _U64(32)).astype(_U32).view(_I32)
@@ -565,6 +579,13 @@ def _build() -> dict:
               "__nv_umul24": _mul24(_U32), "__nv_sad": _sad(_I32), "__nv_usad": _sad(_U32),
               "__nv_hadd": _halving(_I32, 0), "__nv_uhadd": _halving(_U32, 0), "__nv_rhadd": _halving(_I32, 1),
               "__nv_urhadd": _halving(_U32, 1)})
+
+
+def _build() -> dict:
+    """symbol -> implementation over numpy arrays at the operand dtypes, family by family."""
+    t: dict = {}
+    for add in (_add_unary, _add_binary, _add_rounding_modes, _add_bits):
+        add(t)
     return t
 
 

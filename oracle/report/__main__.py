@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -89,6 +90,8 @@ def parse(argv):
 
 
 def main(argv=None) -> int:
+    """Plan the run (a sweep now, a shard of one, or a stored run: --from-json, --merge), load the
+    baseline it is compared with, then report, store the baseline (--update-baseline) and gate."""
     console = Console(width=None if sys.stdout.isatty() else 140)  # a log file gets the whole table
     try:
         args = parse(argv)
@@ -100,41 +103,8 @@ def main(argv=None) -> int:
     if args.noise_model:
         os.environ["ORACLE_NOISE_MODEL"] = args.noise_model  # the workers read it
     try:
-        shard = shards.parse(args.shard) if args.shard else None
-        stored = _stored_run(args.from_json) if args.from_json else \
-            shards.merge([_stored_run(p) for p in args.merge], [str(p) for p in args.merge]) if args.merge else None
-        platform = stored["environment"]["platform"] if stored else platform_key()
-        baseline_path = args.baseline or gate.default_baseline(platform)
-        ops, not_tested = args.ops, {}
-        if not stored:  # as pytest does: the ops asked must be there, declared lacks are listed, not swept
-            implementation = load(args.impl)
-            ops = implementation.select(args.ops)
-            not_tested = {op: why for op, why in implementation.declared_lacking().items()
-                          if implementation.op(op) is None and (args.ops is None or op in args.ops)}
-        if args.scale and not stored and not native_gpu():
-            raise ValueError("--scale needs a CUDA GPU: its cases hold up to 2^31 elements, days of work for "
-                             "Triton's interpreter")
-        tasks = None if stored else sweep.plan(args.full, ops, args.dtypes, args.variants, checks=not args.no_checks,
-                                               at_scale=args.scale)
-        planned = len(tasks) if tasks is not None else None
-        if shard is not None:
-            tasks = shards.select(tasks, *shard)
-        # --baseline names the run to compare with, and with --update-baseline also where to write;
-        # a baseline about to be written for the first time has nothing to compare with yet.
-        wanted = args.gate or (args.baseline and not args.update_baseline) or \
-            (args.update_baseline and baseline_path.exists())
-        noise_model = results.run_noise_model(stored) if stored else engine.noise_rule()
-        baseline = gate.load_baseline(baseline_path, platform, noise_model) if wanted else None
-        if baseline and args.gate:  # fail now, not after the sweep, when nothing could be judged
-            run_keys = {(c.get("key"), c.get("identity")) for c in stored["cells"]} if stored else \
-                results.cell_keys(tasks)
-            gate.check_overlap(run_keys, baseline, baseline_path)
-            if not stored:  # stored runs are judged after: compare() names what they lack
-                problem = gate.coverage_problem(run_keys, {t.case.op for t in tasks}, baseline,
-                                                gate.Selection.of(args), sweep.grid_name(args.full, args.scale), shard,
-                                                baseline_path)
-                if problem:
-                    raise gate.BaselineError(problem)
+        run = _plan(args)
+        baseline = _baseline(args, run)
     except gate.BaselineError as exc:
         if not (args.update_baseline and not args.gate):
             return _usage_error(console, exc)
@@ -144,45 +114,134 @@ def main(argv=None) -> int:
     except (ValueError, ImplementationUnavailable) as exc:
         return _usage_error(console, exc)
 
-    document = stored or {**sweep_now(args, tasks, console), "not_tested": not_tested}
-    if shard is not None:
-        document["shard"] = {"index": shard[0], "count": shard[1], "tasks": len(tasks), "planned": planned}
+    document = _document(args, run, console)
     try:
         comparison = gate.compare(document, baseline, gate.Selection.of(args)) if baseline else None
     except gate.BaselineError as exc:
         return _usage_error(console, exc)
     if comparison is not None:
-        document["baseline"] = {"path": str(baseline_path), "commit": baseline["environment"].get("commit"),
+        document["baseline"] = {"path": str(run.baseline_path), "commit": baseline["environment"].get("commit"),
                                 **comparison}
-    json_path = args.json or Path("reports/out") / f"drift-{platform}.json"
-    html_path = args.html or Path("reports/out") / f"drift-{platform}.html"
-    if not stored or args.json or args.merge:
+    _write_report(args, run, document, comparison, console)
+    if args.update_baseline and (problem := _update_baseline(document, run, console)):
+        return _usage_error(console, problem)
+    if comparison is not None:
+        terminal.print_verdict(comparison, console)
+    return _gate_status(document, comparison, run.baseline_path, console) if args.gate else 0
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What a run reports on, decided before any sweep: a stored run (--from-json, --merge), or the
+    tasks to sweep now (this shard's part of them with --shard)."""
+
+    stored: dict | None
+    shard: tuple[int, int] | None
+    platform: str
+    baseline_path: Path
+    tasks: list | None
+    planned: int | None  # how many tasks the whole sweep has, before --shard takes its part
+    not_tested: dict  # op -> why: ops the implementation declares it lacks, listed and not swept
+
+
+def _plan(args) -> _Run:
+    """The stored run, or the implementation loaded and the tasks of the grid to sweep now."""
+    shard = shards.parse(args.shard) if args.shard else None
+    stored = _stored_run(args.from_json) if args.from_json else \
+        shards.merge([_stored_run(p) for p in args.merge], [str(p) for p in args.merge]) if args.merge else None
+    platform = stored["environment"]["platform"] if stored else platform_key()
+    baseline_path = args.baseline or gate.default_baseline(platform)
+    ops, not_tested = args.ops, {}
+    if not stored:  # as pytest does: the ops asked must be there, declared lacks are listed, not swept
+        implementation = load(args.impl)
+        ops = implementation.select(args.ops)
+        not_tested = {op: why for op, why in implementation.declared_lacking().items()
+                      if implementation.op(op) is None and (args.ops is None or op in args.ops)}
+    if args.scale and not stored and not native_gpu():
+        raise ValueError("--scale needs a CUDA GPU: its cases hold up to 2^31 elements, days of work for "
+                         "Triton's interpreter")
+    tasks = None if stored else sweep.plan(args.full, ops, args.dtypes, args.variants, checks=not args.no_checks,
+                                           at_scale=args.scale)
+    planned = len(tasks) if tasks is not None else None
+    if shard is not None:
+        tasks = shards.select(tasks, *shard)
+    return _Run(stored, shard, platform, baseline_path, tasks, planned, not_tested)
+
+
+def _baseline(args, run: _Run) -> dict | None:
+    """The baseline the run is compared with, where one is asked for (None otherwise); under --gate,
+    checked against the run's cells before any sweep. Raises gate.BaselineError."""
+    # --baseline names the run to compare with, and with --update-baseline also where to write;
+    # a baseline about to be written for the first time has nothing to compare with yet.
+    wanted = args.gate or (args.baseline and not args.update_baseline) or \
+        (args.update_baseline and run.baseline_path.exists())
+    noise_model = results.run_noise_model(run.stored) if run.stored else engine.noise_rule()
+    baseline = gate.load_baseline(run.baseline_path, run.platform, noise_model) if wanted else None
+    if baseline and args.gate:  # fail now, not after the sweep, when nothing could be judged
+        _check_the_gate_can_judge(args, run, baseline)
+    return baseline
+
+
+def _check_the_gate_can_judge(args, run: _Run, baseline: dict) -> None:
+    """The run shares cells with the baseline and, for a sweep, covers what the gate is asked to
+    judge of it; raises gate.BaselineError."""
+    run_keys = {(c.get("key"), c.get("identity")) for c in run.stored["cells"]} if run.stored else \
+        results.cell_keys(run.tasks)
+    gate.check_overlap(run_keys, baseline, run.baseline_path)
+    if not run.stored:  # stored runs are judged after: compare() names what they lack
+        problem = gate.coverage_problem(run_keys, {t.case.op for t in run.tasks}, baseline,
+                                        gate.Selection.of(args), sweep.grid_name(args.full, args.scale), run.shard,
+                                        run.baseline_path)
+        if problem:
+            raise gate.BaselineError(problem)
+
+
+def _document(args, run: _Run, console: Console) -> dict:
+    """The stored run, or the sweep run now; a shard's says which part of the sweep it holds."""
+    document = run.stored or {**sweep_now(args, run.tasks, console), "not_tested": run.not_tested}
+    if run.shard is not None:
+        document["shard"] = {"index": run.shard[0], "count": run.shard[1], "tasks": len(run.tasks),
+                             "planned": run.planned}
+    return document
+
+
+def _write_report(args, run: _Run, document: dict, comparison: dict | None, console: Console) -> None:
+    """The JSON (not rewritten for a stored run unless asked), the dashboard and the terminal's table."""
+    json_path = args.json or Path("reports/out") / f"drift-{run.platform}.json"
+    html_path = args.html or Path("reports/out") / f"drift-{run.platform}.html"
+    if not run.stored or args.json or args.merge:
         write_json_atomic(json_path, document)
     bench_path = args.bench or (DEFAULT_BENCH if DEFAULT_BENCH.exists() else None)
     bench = json.loads(bench_path.read_text()) if bench_path else None
     write_text_atomic(html_path, html.render(document, comparison, bench, updated=args.update_baseline))
     terminal.print_summary(document, comparison, console)
-    console.print(f"wrote {json_path if not stored or args.json else ''} {html_path}", highlight=False)
-    if args.update_baseline:
-        view = results.baseline_view(document)
-        problem = gate.baseline_problem(view, platform)
-        if problem:  # never store a baseline that the next gate would refuse
-            return _usage_error(console, f"not stored as the baseline {baseline_path}: {problem}")
-        write_json_atomic(baseline_path, view)
-        console.print(f"baseline updated: {baseline_path}", highlight=False)
-    if comparison is not None:
-        terminal.print_verdict(comparison, console)
-    if args.gate and not comparison["judged"]:
+    console.print(f"wrote {json_path if not run.stored or args.json else ''} {html_path}", highlight=False)
+
+
+def _update_baseline(document: dict, run: _Run, console: Console) -> str | None:
+    """--update-baseline: the run stored as its platform's baseline; or why it was not."""
+    view = results.baseline_view(document)
+    problem = gate.baseline_problem(view, run.platform)
+    if problem:  # never store a baseline that the next gate would refuse
+        return f"not stored as the baseline {run.baseline_path}: {problem}"
+    write_json_atomic(run.baseline_path, view)
+    console.print(f"baseline updated: {run.baseline_path}", highlight=False)
+    return None
+
+
+def _gate_status(document: dict, comparison: dict, baseline_path: Path, console: Console) -> int:
+    """--gate's exit status: 2 where it could not judge all it was asked to, 1 for a regression, else 0."""
+    if not comparison["judged"]:
         return _usage_error(console, f"no cell of this run could be judged against the baseline {baseline_path}")
     missing = (document.get("shards") or {}).get("missing")
-    if args.gate and missing:
+    if missing:
         count = document["shards"]["count"]
         return _usage_error(console, f"shard(s) {', '.join(f'{k}/{count}' for k in missing)} missing: their cells "
                                      "were not judged")
-    if args.gate and gate.unasked(comparison):
-        return _usage_error(console, f"the gate never passes what it did not judge: {'; '.join(gate.unasked(comparison))} "
-                                     f"(against the baseline {baseline_path})")
-    if args.gate and comparison["regressions"]:
+    if gate.unasked(comparison):
+        return _usage_error(console, "the gate never passes what it did not judge: "
+                                     f"{'; '.join(gate.unasked(comparison))} (against the baseline {baseline_path})")
+    if comparison["regressions"]:
         return 1
     return 0
 

@@ -13,6 +13,8 @@ import io
 import itertools
 import math
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
@@ -56,22 +58,35 @@ def _grid(cells: list[dict], value, reduce) -> tuple[list[str], list[list[float]
     return rows, [[reduce(by[(r, d)]) if by[(r, d)] else math.nan for d in DTYPES] for r in rows]
 
 
-def _heatmap(rows, grid, title, cmap, vmin, vmax, fmt, label, colours=None) -> str:
-    """Colours clipped to [vmin, vmax] (of ``colours`` where given, else of the values); the numbers
-    written in the cells are the real values."""
+@dataclass(frozen=True)
+class ColourScale:
+    """How a heatmap shows its values: colours of ``cmap`` over [low, high] (values clipped there),
+    the colour bar's label, and how each cell's number is written."""
+
+    cmap: object  # a colormap or its name
+    low: float
+    high: float
+    label: str
+    text: Callable[[float], str]
+
+
+def _heatmap(rows, grid, title, scale: ColourScale, colours=None) -> str:
+    """Colours clipped to the scale's range (of ``colours`` where given, else of the values); the
+    numbers written in the cells are the real values."""
     if not rows:  # a run with no cells (a shard of checks alone)
         return "<p>No cells in this run.</p>"
     fig, ax = plt.subplots(figsize=(6.2, 0.32 * len(rows) + 1.4))
-    clipped = [[min(max(v, vmin), vmax) if not math.isnan(v) else v for v in row] for row in (colours or grid)]
-    image = ax.imshow(clipped, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax)
+    clipped = [[min(max(v, scale.low), scale.high) if not math.isnan(v) else v for v in row]
+               for row in (colours or grid)]
+    image = ax.imshow(clipped, aspect="auto", cmap=scale.cmap, vmin=scale.low, vmax=scale.high)
     ax.set_xticks(range(len(DTYPES)), DTYPES)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.xaxis.tick_top()
     for i, row in enumerate(grid):
         for j, value in enumerate(row):
             if not math.isnan(value):
-                ax.text(j, i, fmt(value), ha="center", va="center", fontsize=7)
-    fig.colorbar(image, ax=ax, label=label, shrink=0.8)
+                ax.text(j, i, scale.text(value), ha="center", va="center", fontsize=7)
+    fig.colorbar(image, ax=ax, label=scale.label, shrink=0.8)
     ax.set_title(title, fontsize=10, pad=24)
     return _svg(fig)
 
@@ -82,8 +97,9 @@ def ratio_heatmap(cells) -> str:
     rows, grid = _grid(cells, lambda m: m["error_ratio"], max)
     _, shares = _grid(cells, lambda m: m["max_abs"] / m["bound"] if m["bound"] > 0 else (0.0 if not m["max_abs"] else 9.9),
                       max)
+    scale = ColourScale(SHARE_COLOURS, 0, 1.5, "max|k-t| / bound (above 1 fails)", lambda v: f"{v:.3g}")
     return _heatmap(rows, grid, "worst error ratio max|k-t| / max|h-t| (colour: max|k-t| as a share of its bound)",
-                    SHARE_COLOURS, 0, 1.5, lambda v: f"{v:.3g}", "max|k-t| / bound (above 1 fails)", colours=shares)
+                    scale, colours=shares)
 
 
 def _share_of_bound(value: str, bound: str):
@@ -96,8 +112,9 @@ def _share_of_bound(value: str, bound: str):
 
 def element_heatmap(cells) -> str:
     rows, grid = _grid(cells, _share_of_bound("element_max", "element_bound"), _nanmax)
-    return _heatmap(rows, grid, "worst element error / its bound over the grid (colour clipped at 1.5)",
-                    RATIO_COLOURS, 0, 1.5, lambda v: f"{v:.0%}", "share of the per-element bound (above 100% fails)")
+    scale = ColourScale(RATIO_COLOURS, 0, 1.5, "share of the per-element bound (above 100% fails)",
+                        lambda v: f"{v:.0%}")
+    return _heatmap(rows, grid, "worst element error / its bound over the grid (colour clipped at 1.5)", scale)
 
 
 def typical_heatmap(cells) -> str:
@@ -105,8 +122,9 @@ def typical_heatmap(cells) -> str:
         return typical_excess(m) if m.get("mean_error") is not None else math.nan
 
     rows, grid = _grid(cells, excess, _nanmax)
+    scale = ColourScale(RATIO_COLOURS, 0, 1.5, "share of the allowance used (above 100% fails)", lambda v: f"{v:.0%}")
     return _heatmap(rows, grid, "typical (mean) error above HF's, as a share of the allowance (colour clipped at 1.5)",
-                    RATIO_COLOURS, 0, 1.5, lambda v: f"{v:.0%}", "share of the allowance used (above 100% fails)")
+                    scale)
 
 
 def _nanmax(values: list[float]) -> float:
@@ -116,8 +134,8 @@ def _nanmax(values: list[float]) -> float:
 
 def bit_identity_heatmap(cells) -> str:
     rows, grid = _grid(cells, lambda m: m["bit_identical"], lambda xs: sum(xs) / len(xs))
-    return _heatmap(rows, grid, "elements bit-identical to HF (mean over the grid)", "viridis", 0, 1,
-                    lambda v: f"{v:.0%}", "fraction bit-identical")
+    scale = ColourScale("viridis", 0, 1, "fraction bit-identical", lambda v: f"{v:.0%}")
+    return _heatmap(rows, grid, "elements bit-identical to HF (mean over the grid)", scale)
 
 
 def ulp_histograms(cells) -> str:

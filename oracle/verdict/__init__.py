@@ -306,6 +306,83 @@ def _read_element(v: dict, prefix: str, shape: tuple[int, ...], *names: str) -> 
     return {"index": _index(int(v[f"{prefix} flat"]), shape)} | {name: v[f"{prefix} {name}"] for name in names}
 
 
+@dataclass(frozen=True)
+class Spread:
+    """What Note [The spread judgement] needs of a sum's output: the derived model's standard
+    deviation of its rounding noise per element (its last rounding left out), and how many terms
+    each element sums."""
+
+    sd: torch.Tensor
+    terms: int
+
+
+@dataclass(frozen=True)
+class _TensorNoise:
+    """What the noise model says of one compared tensor: ``judge``'s keywords, whose docstring says
+    what each is. The defaults say nothing: the max-norm judgement alone."""
+
+    sum_noise: float = 0.0
+    element_noise: torch.Tensor | None = None
+    order_noise: torch.Tensor | None = None
+    hf_room: bool = False
+    typical_room: torch.Tensor | None = None
+    spread: Spread | None = None
+
+
+@dataclass(frozen=True)
+class _Sides:
+    """The compared tensors on k's device: k and h in the judged dtype and as float64, the truth t
+    and HF's other valid order r (float64; None where the op has none)."""
+
+    k: torch.Tensor
+    h: torch.Tensor
+    t: torch.Tensor
+    k64: torch.Tensor
+    h64: torch.Tensor
+    r: torch.Tensor | None
+
+    @classmethod
+    def on_device(cls, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reordered: torch.Tensor | None) -> _Sides:
+        # Stay on the tensors' device: full-size GPU cases are too big to ship to the host.
+        k, h = k.detach(), h.detach().to(k.device)
+        t = t.detach().to(device=k.device, dtype=torch.float64)
+        r = h_reordered.detach().to(device=k.device, dtype=torch.float64) if h_reordered is not None else None
+        return cls(k, h, t, k.to(torch.float64), h.to(torch.float64), r)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.h.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.k.shape)
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """Each element's non-finite class on each side (``_nonfinite_class``), where HF's reference
+    overflows (Note [A reference that overflows]) and where k's class is wrong."""
+
+    k_cls: torch.Tensor
+    h_cls: torch.Tensor
+    reference_nonfinite: torch.Tensor
+    mismatch: torch.Tensor
+    n_mismatch: torch.Tensor  # a device scalar
+
+
+@dataclass(frozen=True)
+class _Errors:
+    """|k - t|, |h - t| and |r - t| over the elements finite on every side (0 elsewhere): what every
+    judgement reads."""
+
+    sides: _Sides
+    finite: torch.Tensor
+    n_finite: torch.Tensor  # a device scalar
+    k_err: torch.Tensor
+    h_err: torch.Tensor
+    r_err: torch.Tensor | None
+
+
 def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reordered: torch.Tensor | None = None,
           sum_noise: float = 0.0, element_noise: torch.Tensor | None = None,
           order_noise: torch.Tensor | None = None, hf_room: bool = False,
@@ -326,109 +403,152 @@ def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reorde
     if k.dtype != h.dtype:
         problems.append(f"dtype {k.dtype} differs from HF's {h.dtype}")
         k = k.to(h.dtype)
-    # Stay on the tensors' device: full-size GPU cases are too big to ship to the host.
-    k, h = k.detach(), h.detach().to(k.device)
-    t = t.detach().to(device=k.device, dtype=torch.float64)
-    k64, h64 = k.to(torch.float64), h.to(torch.float64)
-    h2 = h_reordered.detach().to(device=k.device, dtype=torch.float64) if h_reordered is not None else None
-    shape, q = tuple(k.shape), Readback()
+    noise = _TensorNoise(sum_noise, element_noise, order_noise, hf_room, typical_room, spread)
+    return _verdict(name, _Sides.on_device(k, h, t, h_reordered), noise, problems)
 
-    # Non-finite placement: classes must agree element for element, except where k is the truth
-    # correctly rounded to the dtype and that is an infinity HF missed: HF gives NaN for an infinite
-    # truth (torch's vectorised CPU erf makes gelu(+inf) NaN in float32), or HF stays finite where the
-    # truth lies past the dtype's overflow threshold (fp16 RMSNorm dX of an all-zero row: t = -65520.3
-    # rounds to -inf, HF's order of rounding gives -65504). Where HF is non-finite and the truth is a
-    # number of the dtype, k must be a number (Note [A reference that overflows]).
-    k_cls, h_cls = _nonfinite_class(k), _nonfinite_class(h)
-    rounded_t_cls = _nonfinite_class(t.to(k.dtype))
-    reference_nonfinite = (h_cls != 0) & (rounded_t_cls == 0) & _narrower_than_its_compute_dtype(k.dtype)
+
+def _verdict(name: str, sides: _Sides, noise: _TensorNoise, problems: list[str]) -> TensorVerdict:
+    """Every judgement's scalars queued, read in one transfer (Note [One read per verdict]), then
+    concluded; appends to ``problems``, the failures found before."""
+    q = Readback()
+    placement = _queue_placement(q, sides)
+    errors = _queue_errors(q, sides, placement)
+    element_noise = _queue_element_noise(q, errors, noise)
+    ulps = _queue_distance_to_hf(q, errors)
+    if sides.k.numel():
+        _queue_worst(q, errors, placement)
+    if element_noise is not None:
+        if noise.hf_room:
+            element_noise = torch.maximum(element_noise, errors.h_err)
+        _queue_element_and_distribution(q, errors, element_noise, (noise.order_noise, noise.typical_room))
+        if noise.spread is not None:
+            _queue_spread(q, errors, noise.spread)
+
+    v = q.read()
+    n, n_mismatch = int(v["finite"]), int(v["mismatches"])
+    if n_mismatch:
+        problems += _nonfinite_problems(placement, sides)
+    extra = _max_norm(v, sides, noise.sum_noise, problems)
+    if element_noise is not None:
+        extra |= _conclude_element(v, n, sides.shape, problems)
+        extra |= _conclude_distribution(v, n, problems)
+        if noise.spread is not None:
+            extra |= _conclude_spread(v, noise.spread, problems)
+    extra |= _reference_overflow(v, sides, placement, noise.element_noise, problems)
+
+    return TensorVerdict(
+        name=name, dtype=str(sides.dtype).removeprefix("torch."), shape=sides.shape,
+        passed=not problems, reason="; ".join(problems), mean_abs=v["mean_abs"], max_rel=v["max_rel"],
+        ulp_max=v["ulp_max"], ulp_p99=_judged_quantile(ulps, n, 0.99), ulp_mean=v["ulp_sum"] / n if n else 0.0,
+        ulp_histogram={label: int(v[f"ulp_bin {label}"]) for label in ULP_BINS},
+        bit_identical=v["identical"] if sides.k.numel() else 1.0,
+        nonfinite_mismatches=n_mismatch, nonfinite_k=int(v["nonfinite k"]),
+        worst=_read_element(v, "worst", sides.shape, "k", "h", "t") if sides.k.numel() else {}, **extra,
+    )
+
+
+def _queue_placement(q: Readback, sides: _Sides) -> _Placement:
+    """Non-finite placement: classes must agree element for element, except where k is the truth
+    correctly rounded to the dtype and that is an infinity HF missed: HF gives NaN for an infinite
+    truth (torch's vectorised CPU erf makes gelu(+inf) NaN in float32), or HF stays finite where the
+    truth lies past the dtype's overflow threshold (fp16 RMSNorm dX of an all-zero row: t = -65520.3
+    rounds to -inf, HF's order of rounding gives -65504). Where HF is non-finite and the truth is a
+    number of the dtype, k must be a number (Note [A reference that overflows])."""
+    k_cls, h_cls = _nonfinite_class(sides.k), _nonfinite_class(sides.h)
+    rounded_t_cls = _nonfinite_class(sides.t.to(sides.k.dtype))
+    reference_nonfinite = (h_cls != 0) & (rounded_t_cls == 0) & _narrower_than_its_compute_dtype(sides.k.dtype)
     hf_missed_an_infinity = (h_cls <= 1) & (rounded_t_cls >= 2)
     expected_cls = torch.where(reference_nonfinite, torch.zeros_like(h_cls), h_cls)
-    nonfinite_mismatch = (k_cls != expected_cls) & ~(hf_missed_an_infinity & (k_cls == rounded_t_cls))
-    n_mismatch_on_device = nonfinite_mismatch.sum()
-    q["mismatches"], q["reference nonfinite"] = n_mismatch_on_device, reference_nonfinite.sum()
+    mismatch = (k_cls != expected_cls) & ~(hf_missed_an_infinity & (k_cls == rounded_t_cls))
+    n_mismatch = mismatch.sum()
+    q["mismatches"], q["reference nonfinite"] = n_mismatch, reference_nonfinite.sum()
     q["nonfinite k"] = (k_cls != 0).sum()
+    return _Placement(k_cls, h_cls, reference_nonfinite, mismatch, n_mismatch)
 
-    # Errors against the truth over elements finite everywhere.
-    finite = (k_cls == 0) & (h_cls == 0) & torch.isfinite(t)
+
+def _queue_errors(q: Readback, sides: _Sides, placement: _Placement) -> _Errors:
+    """Errors against the truth over the elements finite everywhere, and the max-norm judgement's
+    scalars (Note [The max-norm judgement])."""
+    t = sides.t
+    finite = (placement.k_cls == 0) & (placement.h_cls == 0) & torch.isfinite(t)
     n_finite = finite.sum()
     q["finite"] = n_finite
-    k_err = torch.where(finite, (k64 - t).abs(), 0.0)
-    h_err = torch.where(finite, (h64 - t).abs(), 0.0)
+    k_err = torch.where(finite, (sides.k64 - t).abs(), 0.0)
+    h_err = torch.where(finite, (sides.h64 - t).abs(), 0.0)
     q["max_abs"], q["hf_max_abs"] = _max(k_err), _max(h_err)
     q["mean_abs"] = k_err.sum() / n_finite.clamp_min(1)
     nonzero_t = finite & (t != 0)
     q["max_rel"] = _max(torch.where(nonzero_t, k_err / t.abs().clamp_min(1e-300), 0.0))
-
-    # Note [The max-norm judgement]
     q["scale"] = _max(torch.where(finite, t.abs(), 0.0))
     r_err = None
-    if h2 is not None:
-        both = finite & torch.isfinite(h2)
-        r_err = torch.where(both, (h2 - t).abs(), 0.0)
+    if sides.r is not None:
+        both = finite & torch.isfinite(sides.r)
+        r_err = torch.where(both, (sides.r - t).abs(), 0.0)
         q["r_max_abs"] = _max(r_err)
-    noise = element_noise.to(device=t.device, dtype=torch.float64).expand(t.shape) \
-        if element_noise is not None else None
-    if noise is not None:
-        # what HF's maths may lose at the tensor's largest terms, where HF happened to lose less
-        q["noise_max"] = _max(torch.where(finite & torch.isfinite(noise), noise, 0.0))
+    return _Errors(sides, finite, n_finite, k_err, h_err, r_err)
 
-    # Distance to HF in its own dtype, over the judged elements (-1 elsewhere).
-    ulps = torch.where(finite, ulp_distance(k, h), -1.0)
+
+def _queue_element_noise(q: Readback, errors: _Errors, noise: _TensorNoise) -> torch.Tensor | None:
+    """The noise model's per-element noise at the truth's shape (None without a model), its largest
+    term queued for the max-norm floor."""
+    if noise.element_noise is None:
+        return None
+    t = errors.sides.t
+    element_noise = noise.element_noise.to(device=t.device, dtype=torch.float64).expand(t.shape)
+    # what HF's maths may lose at the tensor's largest terms, where HF happened to lose less
+    q["noise_max"] = _max(torch.where(errors.finite & torch.isfinite(element_noise), element_noise, 0.0))
+    return element_noise
+
+
+def _queue_distance_to_hf(q: Readback, errors: _Errors) -> torch.Tensor:
+    """The distance to HF in its own dtype over the judged elements (-1 elsewhere), its maximum,
+    sum and histogram queued, and bit-identity with HF."""
+    sides = errors.sides
+    ulps = torch.where(errors.finite, ulp_distance(sides.k, sides.h), -1.0)
     judged_ulps = ulps.clamp_min(0)
     q["ulp_max"], q["ulp_sum"] = _max(judged_ulps), judged_ulps.sum()
     _queue_histogram(q, ulps)
-    if k.numel():
-        q["identical"] = bit_identical(k, h).float().mean()
-        first_mismatch = nonfinite_mismatch.flatten().to(torch.uint8).argmax()
-        flat = torch.where(n_mismatch_on_device > 0, first_mismatch, k_err.flatten().argmax())
-        _queue_element(q, "worst", flat, k=k64, h=h64, t=t)
+    if sides.k.numel():
+        q["identical"] = bit_identical(sides.k, sides.h).float().mean()
+    return ulps
 
-    conclusions = []
-    if noise is not None:
-        if hf_room:
-            noise = torch.maximum(noise, h_err)
-        conclusions.append(_element_and_distribution(q, k64, h64, t, finite, n_finite, k_err, h_err, r_err, noise,
-                                                     order_noise, h.dtype, typical_room))
-        if spread is not None:
-            conclusions.append(_spread(q, t, finite, k_err, h_err, r_err, spread, h.dtype))
 
-    v = q.read()
-    n, n_mismatch, n_reference = int(v["finite"]), int(v["mismatches"]), int(v["reference nonfinite"])
-    if n_mismatch:
-        problems += _nonfinite_problems(nonfinite_mismatch, reference_nonfinite, k_cls, h_cls, k, h, t)
+def _queue_worst(q: Readback, errors: _Errors, placement: _Placement) -> None:
+    """The element a verdict names: the first non-finite mismatch, else the largest |k - t|."""
+    first_mismatch = placement.mismatch.flatten().to(torch.uint8).argmax()
+    flat = torch.where(placement.n_mismatch > 0, first_mismatch, errors.k_err.flatten().argmax())
+    sides = errors.sides
+    _queue_element(q, "worst", flat, k=sides.k64, h=sides.h64, t=sides.t)
+
+
+def _max_norm(v: dict, sides: _Sides, sum_noise: float, problems: list[str]) -> dict:
+    """Note [The max-norm judgement], concluded from the read scalars; appends to ``problems``."""
     max_abs, hf_max_abs, scale = v["max_abs"], v["hf_max_abs"], v["scale"]
-    floor = ulp_of(scale, h.dtype)
-    if r_err is not None:
+    floor = ulp_of(scale, sides.dtype)
+    if sides.r is not None:
         floor += 2 * max(0.0, v["r_max_abs"] - hf_max_abs)
     floor += sum_noise + v.get("noise_max", 0.0)
     bound = 2 * hf_max_abs + floor
     if max_abs > bound:
         problems.append(f"max|k-t| = {max_abs:.3g} exceeds 2*max|h-t| + floor = {bound:.3g} "
                         f"(error ratio {_ratio(max_abs, hf_max_abs):.3g} to HF's)")
-    worst = _read_element(v, "worst", shape, "k", "h", "t") if k.numel() else {}
+    return {"max_abs": max_abs, "hf_max_abs": hf_max_abs, "truth_max_abs": scale,
+            "error_ratio": _ratio(max_abs, hf_max_abs), "floor": floor, "bound": bound}
 
-    extra = {}
-    for conclude in conclusions:
-        extra |= conclude(v, n, problems)
-    if n_reference:
-        extra |= _against_the_truth_alone(k64, h64, t, reference_nonfinite & (k_cls == 0), element_noise,
-                                          h.dtype, problems)
-        first = int(reference_nonfinite.flatten().nonzero()[0])
-        extra |= {"reference_nonfinite": n_reference,
-                  "reference_worst": {"index": _index(first, shape), "k": _item(k64, first),
-                                      "h": _item(h64, first), "t": _item(t, first)}}
 
-    return TensorVerdict(
-        name=name, dtype=str(h.dtype).removeprefix("torch."), shape=shape,
-        passed=not problems, reason="; ".join(problems),
-        max_abs=max_abs, mean_abs=v["mean_abs"], max_rel=v["max_rel"], hf_max_abs=hf_max_abs, truth_max_abs=scale,
-        error_ratio=_ratio(max_abs, hf_max_abs), floor=floor, bound=bound,
-        ulp_max=v["ulp_max"], ulp_p99=_judged_quantile(ulps, n, 0.99), ulp_mean=v["ulp_sum"] / n if n else 0.0,
-        ulp_histogram={label: int(v[f"ulp_bin {label}"]) for label in ULP_BINS},
-        bit_identical=v["identical"] if k.numel() else 1.0,
-        nonfinite_mismatches=n_mismatch, nonfinite_k=int(v["nonfinite k"]), worst=worst, **extra,
-    )
+def _reference_overflow(v: dict, sides: _Sides, placement: _Placement, element_noise: torch.Tensor | None,
+                        problems: list[str]) -> dict:
+    """Note [A reference that overflows]: how many elements, the first, and k judged against the
+    truth alone there (appending to ``problems``); nothing where HF's reference stays finite."""
+    n_reference = int(v["reference nonfinite"])
+    if not n_reference:
+        return {}
+    judged = placement.reference_nonfinite & (placement.k_cls == 0)
+    extra = _against_the_truth_alone(sides, judged, element_noise, problems)
+    first = int(placement.reference_nonfinite.flatten().nonzero()[0])
+    return extra | {"reference_nonfinite": n_reference,
+                    "reference_worst": {"index": _index(first, sides.shape), "k": _item(sides.k64, first),
+                                        "h": _item(sides.h64, first), "t": _item(sides.t, first)}}
 
 
 _CLASS_NAMES = ("finite", "NaN", "+inf", "-inf")
@@ -447,9 +567,11 @@ def _narrower_than_its_compute_dtype(dtype: torch.dtype) -> bool:
     return torch.finfo(dtype).max < torch.finfo(rounding.compute_dtype(dtype)).max
 
 
-def _nonfinite_problems(mismatch, reference_nonfinite, k_cls, h_cls, k, h, t) -> list[str]:
+def _nonfinite_problems(placement: _Placement, sides: _Sides) -> list[str]:
     """The non-finite placement's failures, each saying which side is non-finite, with its first
     element."""
+    mismatch, reference_nonfinite = placement.mismatch, placement.reference_nonfinite
+    k_cls, h_cls = placement.k_cls, placement.h_cls
     kinds = (
         (mismatch & reference_nonfinite,
          "non-finite in k where the float64 truth is finite; HF's reference is non-finite there too: it "
@@ -465,30 +587,32 @@ def _nonfinite_problems(mismatch, reference_nonfinite, k_cls, h_cls, k, h, t) ->
         if not n:
             continue
         first = int(where.flatten().nonzero()[0])
-        index = _index(first, tuple(k.shape))
+        index = _index(first, sides.shape)
         k_name, h_name = _CLASS_NAMES[int(k_cls.flatten()[first])], _CLASS_NAMES[int(h_cls.flatten()[first])]
-        problems.append(f"{n} element(s) {what.format(dtype=str(h.dtype).removeprefix('torch.'))}; first "
-                        f"{describe_element(index, _item(k, first), _item(h, first), _item(t, first))} "
-                        f"(k {k_name}, HF {h_name})")
+        element = describe_element(index, _item(sides.k, first), _item(sides.h, first), _item(sides.t, first))
+        problems.append(f"{n} element(s) {what.format(dtype=str(sides.dtype).removeprefix('torch.'))}; first "
+                        f"{element} (k {k_name}, HF {h_name})")
     return problems
 
 
-def _against_the_truth_alone(k64, h64, t, judged, element_noise, dtype, problems) -> dict:
+def _against_the_truth_alone(sides: _Sides, judged: torch.Tensor, element_noise: torch.Tensor | None,
+                             problems: list[str]) -> dict:
     """Note [A reference that overflows]: where HF is non-finite and the truth a number, k's error in
     units of ulp(t_i) + noise_i, at most ELEMENT_BOUND; appends to ``problems``."""
+    t = sides.t
     noise = element_noise.to(device=t.device, dtype=torch.float64).expand(t.shape) if element_noise is not None \
         else torch.zeros_like(t)
-    scale = ulps_of(t, dtype) + noise
+    scale = ulps_of(t, sides.dtype) + noise
     scale = torch.where(judged & ~scale.isnan(), scale, 1.0)  # an infinite scale leaves its element unjudged
-    e_k = torch.where(judged, (k64 - t).abs() / scale, 0.0)
+    e_k = torch.where(judged, (sides.k64 - t).abs() / scale, 0.0)
     exceeding = int((e_k > ELEMENT_BOUND).sum())
     if exceeding:
         flat = int(e_k.flatten().argmax())
+        worst = describe_element(_index(flat, sides.shape), _item(sides.k64, flat), _item(sides.h64, flat),
+                                 _item(t, flat))
         problems.append(
             f"{exceeding} element(s) where HF's reference is non-finite off the float64 truth by more than "
-            f"{ELEMENT_BOUND:g}x the noise model's scale there; worst "
-            f"{describe_element(_index(flat, tuple(t.shape)), _item(k64, flat), _item(h64, flat), _item(t, flat))}, "
-            f"error {_item(e_k, flat):.3g}x its scale")
+            f"{ELEMENT_BOUND:g}x the noise model's scale there; worst {worst}, error {_item(e_k, flat):.3g}x its scale")
     # None: k is non-finite at every such element
     return {"reference_element_max": float(_max(e_k)) if bool(judged.any()) else None}
 
@@ -499,94 +623,101 @@ def ulps_of(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return rounding.spacing(t, dtype, saturate=False)
 
 
-def _element_and_distribution(q: Readback, k64, h64, t, finite, n_finite, k_err, h_err, r_err, noise, order, dtype,
-                              typical_room=None):
-    """Note [The per-element judgement] and Note [The distribution judgement]: queues its scalars on
-    ``q`` and returns what concludes from them (appending to ``problems``)."""
-    ulp = ulps_of(t, dtype)
-    scale = ulp + noise
+def _queue_element_and_distribution(q: Readback, errors: _Errors, element_noise: torch.Tensor,
+                                    rooms: tuple[torch.Tensor | None, ...]) -> None:
+    """Note [The per-element judgement] and Note [The distribution judgement]: their scalars, queued
+    on ``q``. ``rooms``: per element, what else moves a typical error (a long sum's other orders, a
+    granted approximation); each may be None."""
+    sides, finite = errors.sides, errors.finite
+    ulp = ulps_of(sides.t, sides.dtype)
+    scale = ulp + element_noise
     # judged elements only (never divide by 0); an infinite scale leaves its element unjudged
     scale = torch.where(finite & ~scale.isnan(), scale, 1.0)
-    e_k, e_h = k_err / scale, h_err / scale
-    e_r = r_err / scale if r_err is not None else e_h
+    e_k, e_h = errors.k_err / scale, errors.h_err / scale
+    e_r = errors.r_err / scale if errors.r_err is not None else e_h
     q["element_max"], q["hf_element_max"] = _max(e_k), _max(e_h)
     q["element_failures"] = (e_k > ELEMENT_BOUND).sum()
-    if t.numel():
-        _queue_element(q, "element_worst", e_k.flatten().argmax(), k=k64, h=h64, t=t, e=e_k, scale=scale, ulp=ulp)
+    if sides.t.numel():
+        _queue_element(q, "element_worst", e_k.flatten().argmax(), k=sides.k64, h=sides.h64, t=sides.t, e=e_k,
+                       scale=scale, ulp=ulp)
+    _queue_means(q, errors, scale, (e_k, e_h, e_r), rooms)
+    q["over_1ulp k"] = ((errors.k_err > ulp) & finite).sum()
+    q["over_1ulp h"] = ((errors.h_err > ulp) & finite).sum()
 
+
+def _queue_means(q: Readback, errors: _Errors, scale: torch.Tensor, scaled: tuple[torch.Tensor, ...],
+                 rooms: tuple[torch.Tensor | None, ...]) -> None:
+    """Note [The distribution judgement]: the mean errors of k, h and r (``scaled``, in units of each
+    element's scale), the room beyond HF's and HF's two spreads, queued on ``q``."""
+    t, finite, n_finite = errors.sides.t, errors.finite, errors.n_finite
     n_safe = n_finite.clamp_min(1)
-    means = {side: e.sum() / n_safe for side, e in (("k", e_k), ("h", e_h), ("r", e_r))}
+    means = {side: e.sum() / n_safe for side, e in zip("khr", scaled)}
     for side, mean in means.items():
         q[f"mean {side}"] = mean
     # One more rounding in the compute dtype moves an element by up to u_c |t|: how much a valid
     # formula with EXTRA_ROUNDINGS more operations than HF's may add to the mean (negligible in 16-bit).
-    u_c = rounding.unit_roundoff(rounding.accumulator(dtype))
+    u_c = rounding.unit_roundoff(rounding.accumulator(errors.sides.dtype))
     extra = EXTRA_ROUNDINGS * (torch.where(finite, u_c * t.abs() / scale, 0.0).sum() / n_safe)
-    for room in (order, typical_room):  # a long sum's other orders, and a granted approximation, move it
+    for room in rooms:  # a long sum's other orders, and a granted approximation, move it
         if room is not None:
             room = room.to(device=t.device, dtype=torch.float64).expand(t.shape)
             extra = extra + torch.where(finite & torch.isfinite(room), room / scale, 0.0).sum() / n_safe
     q["mean extra"] = extra
+    _, e_h, e_r = scaled
     q["sd h"], q["sd r"] = _sample_sd(e_h, means["h"], finite, n_finite), _sample_sd(e_r, means["r"], finite, n_finite)
-    q["over_1ulp k"] = ((k_err > ulp) & finite).sum()
-    q["over_1ulp h"] = ((h_err > ulp) & finite).sum()
-
-    def conclude(v: dict, n: int, problems: list) -> dict:
-        exceeding = int(v["element_failures"])
-        out = {"element_bound": ELEMENT_BOUND, "element_max": v["element_max"], "hf_element_max": v["hf_element_max"],
-               "element_failures": exceeding}
-        if n:
-            out["element_worst"] = _read_element(v, "element_worst", tuple(t.shape), "k", "h", "t", "e", "scale", "ulp")
-        if exceeding:
-            w = out["element_worst"]
-            problems.append(
-                f"{exceeding} element(s) ({exceeding / max(1, n):.2%}) off by more than {ELEMENT_BOUND:g}x what HF's "
-                f"maths can do there; worst at {w['index']}: k={w['k']:.6g} h={w['h']:.6g} t={w['t']:.6g}, error "
-                f"{w['e']:.3g}x its scale ({abs(w['k'] - w['t']) / w['ulp']:.3g} ULPs of its own value)")
-        mean_k, mean_h, mean_r = (v[f"mean {side}"] if n else 0.0 for side in "khr")
-        # The sampling noise of a mean over n elements. An implementation as accurate as HF may land
-        # anywhere within an element's scale; spread evenly, that is an sd of 1/sqrt(12) in these units,
-        # the floor where HF's own errors happen to agree (one element, or HF exact by luck).
-        spread = max(v["sd h"], v["sd r"], ONE_ROUNDING_SD)
-        mean_bound = (max(mean_h, mean_r) + abs(mean_h - mean_r) + (v["mean extra"] if n else 0.0)
-                      + SAMPLING_SDS * spread / math.sqrt(max(1, n)))
-        over_k, over_h = v["over_1ulp k"] / max(1, n), v["over_1ulp h"] / max(1, n)
-        out |= {"mean_error": mean_k, "hf_mean_error": mean_h, "reordered_mean_error": mean_r,
-                "mean_bound": mean_bound, "over_1ulp": over_k, "hf_over_1ulp": over_h}
-        if mean_k > mean_bound:
-            problems.append(
-                f"typical error {mean_k:.3g} (mean over {n} elements, in units of each element's scale) exceeds "
-                f"{mean_bound:.3g}: HF's {mean_h:.3g}, its other valid order's {mean_r:.3g}; precision lost across "
-                f"the tensor ({over_k:.1%} of elements more than 1 ULP off, HF {over_h:.1%})")
-        return out
-
-    return conclude
 
 
-@dataclass(frozen=True)
-class Spread:
-    """What Note [The spread judgement] needs of a sum's output: the derived model's standard
-    deviation of its rounding noise per element (its last rounding left out), and how many terms
-    each element sums."""
+def _conclude_element(v: dict, n: int, shape: tuple[int, ...], problems: list[str]) -> dict:
+    """Note [The per-element judgement] from the read scalars (``n`` judged elements); appends to
+    ``problems``."""
+    exceeding = int(v["element_failures"])
+    out = {"element_bound": ELEMENT_BOUND, "element_max": v["element_max"], "hf_element_max": v["hf_element_max"],
+           "element_failures": exceeding}
+    if n:
+        out["element_worst"] = _read_element(v, "element_worst", shape, "k", "h", "t", "e", "scale", "ulp")
+    if exceeding:
+        w = out["element_worst"]
+        problems.append(
+            f"{exceeding} element(s) ({exceeding / max(1, n):.2%}) off by more than {ELEMENT_BOUND:g}x what HF's "
+            f"maths can do there; worst at {w['index']}: k={w['k']:.6g} h={w['h']:.6g} t={w['t']:.6g}, error "
+            f"{w['e']:.3g}x its scale ({abs(w['k'] - w['t']) / w['ulp']:.3g} ULPs of its own value)")
+    return out
 
-    sd: torch.Tensor
-    terms: int
+
+def _conclude_distribution(v: dict, n: int, problems: list[str]) -> dict:
+    """Note [The distribution judgement] from the read scalars (``n`` judged elements); appends to
+    ``problems``."""
+    mean_k, mean_h, mean_r = (v[f"mean {side}"] if n else 0.0 for side in "khr")
+    # The sampling noise of a mean over n elements. An implementation as accurate as HF may land
+    # anywhere within an element's scale; spread evenly, that is an sd of 1/sqrt(12) in these units,
+    # the floor where HF's own errors happen to agree (one element, or HF exact by luck).
+    spread = max(v["sd h"], v["sd r"], ONE_ROUNDING_SD)
+    mean_bound = (max(mean_h, mean_r) + abs(mean_h - mean_r) + (v["mean extra"] if n else 0.0)
+                  + SAMPLING_SDS * spread / math.sqrt(max(1, n)))
+    over_k, over_h = v["over_1ulp k"] / max(1, n), v["over_1ulp h"] / max(1, n)
+    if mean_k > mean_bound:
+        problems.append(
+            f"typical error {mean_k:.3g} (mean over {n} elements, in units of each element's scale) exceeds "
+            f"{mean_bound:.3g}: HF's {mean_h:.3g}, its other valid order's {mean_r:.3g}; precision lost across "
+            f"the tensor ({over_k:.1%} of elements more than 1 ULP off, HF {over_h:.1%})")
+    return {"mean_error": mean_k, "hf_mean_error": mean_h, "reordered_mean_error": mean_r,
+            "mean_bound": mean_bound, "over_1ulp": over_k, "hf_over_1ulp": over_h}
 
 
-def _spread(q: Readback, t, finite, k_err, h_err, r_err, spread: Spread, dtype):
-    """Note [The spread judgement]: queues its scalars on ``q`` and returns what concludes from them
-    (appending to ``problems``)."""
-    ulp = ulps_of(t, dtype)
+def _queue_spread(q: Readback, errors: _Errors, spread: Spread) -> None:
+    """Note [The spread judgement]: its scalars, queued on ``q``."""
+    t = errors.sides.t
+    ulp = ulps_of(t, errors.sides.dtype)
     variance = spread.sd.to(device=t.device, dtype=torch.float64).expand(t.shape).square() + ulp.square() / 12
-    judged = finite & torch.isfinite(variance) & (variance > 0)
+    judged = errors.finite & torch.isfinite(variance) & (variance > 0)
     n_judged = judged.sum()
     variance = torch.where(judged, variance, 1.0)
 
     def z2(err):
         return torch.where(judged, err.square() / variance, 0.0)
 
-    z_k, z_h = z2(k_err), z2(h_err)
-    z_r = z2(r_err) if r_err is not None else z_h
+    z_k, z_h = z2(errors.k_err), z2(errors.h_err)
+    z_r = z2(errors.r_err) if errors.r_err is not None else z_h
     means = {side: z.sum() / n_judged.clamp_min(1) for side, z in (("k", z_k), ("h", z_h), ("r", z_r))}
     q["spread n"] = n_judged
     for side, mean in means.items():
@@ -594,22 +725,23 @@ def _spread(q: Readback, t, finite, k_err, h_err, r_err, spread: Spread, dtype):
     q["spread sd h"] = _sample_sd(z_h, means["h"], judged, n_judged)
     q["spread sd r"] = _sample_sd(z_r, means["r"], judged, n_judged)
 
-    def conclude(v: dict, n_finite: int, problems: list) -> dict:
-        n = int(v["spread n"])
-        draws = min(n, int(spread.terms))
-        if draws < SPREAD_MIN_DRAWS:
-            return {}
-        mean_k, mean_h, mean_r = (v[f"spread {side}"] for side in "khr")
-        spread_sd = max(v["spread sd h"], v["spread sd r"], math.sqrt(2))
-        bound = max(mean_h, mean_r, 1.0) + SAMPLING_SDS * spread_sd / math.sqrt(draws)
-        if mean_k > bound:
-            problems.append(
-                f"error spread {mean_k:.3g} (mean squared error over {n} sums of {spread.terms} terms, in units of "
-                f"the variance a valid evaluation has there) exceeds {bound:.3g}: HF's {mean_h:.3g}, its other valid "
-                f"order's {mean_r:.3g}; a long sum lost precision (partial sums rounded to a narrower dtype?)")
-        return {"spread": mean_k, "hf_spread": mean_h, "reordered_spread": mean_r, "spread_bound": bound}
 
-    return conclude
+def _conclude_spread(v: dict, spread: Spread, problems: list[str]) -> dict:
+    """Note [The spread judgement] from the read scalars; appends to ``problems``. Nothing where the
+    sums give too few independent draws."""
+    n = int(v["spread n"])
+    draws = min(n, int(spread.terms))
+    if draws < SPREAD_MIN_DRAWS:
+        return {}
+    mean_k, mean_h, mean_r = (v[f"spread {side}"] for side in "khr")
+    spread_sd = max(v["spread sd h"], v["spread sd r"], math.sqrt(2))
+    bound = max(mean_h, mean_r, 1.0) + SAMPLING_SDS * spread_sd / math.sqrt(draws)
+    if mean_k > bound:
+        problems.append(
+            f"error spread {mean_k:.3g} (mean squared error over {n} sums of {spread.terms} terms, in units of "
+            f"the variance a valid evaluation has there) exceeds {bound:.3g}: HF's {mean_h:.3g}, its other valid "
+            f"order's {mean_r:.3g}; a long sum lost precision (partial sums rounded to a narrower dtype?)")
+    return {"spread": mean_k, "hf_spread": mean_h, "reordered_spread": mean_r, "spread_bound": bound}
 
 
 def _sample_sd(x: torch.Tensor, mean: torch.Tensor, judged: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
