@@ -38,6 +38,7 @@ Note [RoPE under torch.compile]
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -355,7 +356,26 @@ def require_positions_in_table(position_ids: torch.Tensor, max_pos: int) -> None
 #     two more launches and an allocation per call (a flag and an assertion: 13-16 us of host time on
 #     the H200, forward and backward each). Triton's interpreter never compiles the assertion, and
 #     on the CPU the check before the launch raises ValueError first. Tests that read what the
-#     kernel wrote past a bad position compile it without the assertion (``_rope_kernel.debug = False``).
+#     kernel wrote past a bad position, and the benchmark that times what the assertion costs, compile
+#     it without the assertion (``without_range_assertion``).
+
+
+@contextlib.contextmanager
+def without_range_assertion():
+    """While the block runs, the rotation kernel is compiled (and launched) without its range check's
+    device assertion (Note [The range check in the kernel]); the comparisons that keep a bad
+    position's token unread and unwritten stay. Under Triton's interpreter the assertion is never
+    compiled: nothing changes. It switches the one kernel every caller launches: not for concurrent
+    use."""
+    if not hasattr(_rope_kernel, "debug"):  # an interpreted kernel
+        yield
+        return
+    before = _rope_kernel.debug
+    _rope_kernel.debug = False
+    try:
+        yield
+    finally:
+        _rope_kernel.debug = before
 
 
 def _require_safe_memory(Q, K, cos, sin, position_ids, writes: bool) -> None:

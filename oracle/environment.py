@@ -50,7 +50,8 @@ def shadowed_hub_kernels() -> str | None:
 
 def git_repository(folder: Path) -> tuple[str, str] | None:
     """The git repository holding ``folder``: its root and its commit (``-dirty`` with uncommitted
-    changes to tracked files), or None."""
+    changes to tracked files), or None. The root is for comparing repositories on this machine;
+    ``repository`` is what a document records."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, timeout=10)
 
@@ -64,10 +65,32 @@ def git_repository(folder: Path) -> tuple[str, str] | None:
     return root.stdout.strip(), head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
+def repository(path: Path, found: tuple[str, str] | None = None) -> dict | None:
+    """The git repository holding ``path`` (a module's file or folder) as a document records it: its
+    ``name`` (the root directory's name), ``path`` (of ``path`` inside it, POSIX) and ``commit``; never
+    an absolute path, which says nothing on another machine and names the user's home. None outside
+    a repository. ``found``: git_repository's answer, where the caller has it already."""
+    path = Path(path).resolve()
+    found = found or git_repository(path if path.is_dir() else path.parent)
+    if found is None:
+        return None
+    root = Path(found[0]).resolve()
+    inside = path.relative_to(root).as_posix() if path.is_relative_to(root) else None  # None: reached by a link
+    return {"name": root.name, "path": inside, "commit": found[1]}
+
+
 def git_commit() -> str | None:
     """The harness checkout's commit (see git_repository), or None outside a repository."""
     found = git_repository(Path(__file__).resolve().parent)
     return found[1] if found else None
+
+
+def harness() -> dict:
+    """The harness that made a document: its distribution's ``version`` (None when it runs from a
+    checkout that is not installed) and, run from a checkout, its repository (see ``repository``);
+    installed as a wheel it has no commit, and the version is what identifies it."""
+    found = repository(Path(__file__).resolve().parent)
+    return {"version": _version("kernel-oracle"), "name": None, "path": None, "commit": None, **(found or {})}
 
 
 def platform_key() -> str:
@@ -157,7 +180,8 @@ def environment() -> dict:
         "host": platform.node(),
         "host_maths": host_maths(),
         "noise_model": noise_rule(),  # the verdicts were judged by it (ORACLE_NOISE_MODEL)
-        "commit": git_commit(),
+        "commit": git_commit(),  # the same as harness's, for readers of the documents made before it
+        "harness": harness(),
     }
 
 

@@ -17,6 +17,9 @@ Active:
   skipped and listed at the end.
 - Each worker runs on its own GPU when there are several (oracle/engine/devices.py), else the CPU
   interpreter. The device of every worker is logged in the summary.
+- The compile check's notes (a graph break of an op the implementation does not declare in
+  COMPILES: oracle/checks/compile.py, Note [Notes]) are gathered from every worker and listed once
+  in the summary, not warned case by case.
 - Hypothesis profiles: ``ci`` (loaded when CI is set: derandomized, no deadline, bounded examples),
   ``dev`` (the default: example database on), ``thorough`` (opt in: many examples) and ``sample``
   (a short random sample, four times CI's examples: GPU landings, scripts/h200.sh). Choose with
@@ -39,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -393,6 +397,13 @@ def pytest_handlecrashitem(crashitem, report, sched):
 _totals: Counter = Counter()
 _coverage: Counter = Counter()
 _worker_devices: dict[str, str] = {}
+_compile_notes: Counter = Counter()  # each distinct note of the compile check -> the runs that noted it
+
+
+def _notes_of_this_process() -> list[str]:
+    """The compile check's notes here (oracle/checks/compile.py, Note [Notes]); none where it never ran."""
+    compile_check = sys.modules.get("oracle.checks.compile")
+    return [finding.describe() for finding in getattr(compile_check, "NOTES", ())]
 
 
 def pytest_sessionfinish(session):
@@ -406,9 +417,11 @@ def pytest_sessionfinish(session):
         session.config.workeroutput["oracle_counts"] = json.dumps(counts)
         session.config.workeroutput["oracle_coverage"] = json.dumps([[list(k), n] for k, n in engine.COVERAGE.items()])
         session.config.workeroutput["oracle_device"] = str(default_device())
+        session.config.workeroutput["oracle_compile_notes"] = json.dumps(_notes_of_this_process())
     else:
         _totals.update(counts)
         _coverage.update(engine.COVERAGE)
+        _compile_notes.update(_notes_of_this_process())
         shutil.rmtree(INFLIGHT, ignore_errors=True)
 
 
@@ -419,6 +432,7 @@ def pytest_testnodedown(node, error):
     _coverage.update({tuple(key): n for key, n in json.loads(output.get("oracle_coverage", "[]"))})
     if "oracle_device" in output:
         _worker_devices[node.gateway.id] = output["oracle_device"]
+    _compile_notes.update(json.loads(output.get("oracle_compile_notes", "[]")))
 
 
 def coverage_lines(coverage: Counter) -> list[str]:
@@ -475,6 +489,7 @@ def pytest_terminal_summary(terminalreporter, config):
     if getattr(config, "oracle_not_asked", None):
         write(f"kernel-oracle: {len(config.oracle_not_asked)} other ops left out by --ops "
               f"({', '.join(config.oracle_not_asked)})")
+    _write_compile_notes(terminalreporter)
     if not _totals:
         return
     terminalreporter.section("kernel-oracle: cases run per op and dtype")
@@ -492,3 +507,15 @@ def pytest_terminal_summary(terminalreporter, config):
         write("devices: " + ", ".join(f"{w}={d}" for w, d in sorted(_worker_devices.items(), key=lambda kv: worker_index(kv[0]) or 0)))
     else:
         write(f"device: {default_device()}")
+
+
+def _write_compile_notes(terminalreporter) -> None:
+    """The compile check's notes, each once (Note [Notes]): graph breaks of ops whose implementation
+    does not declare COMPILES, which fail only where it does."""
+    if not _compile_notes:
+        return
+    terminalreporter.section("kernel-oracle: compile notes")
+    terminalreporter.write_line(f"{len(_compile_notes)} note(s) of the compile check, not failures (an op the "
+                                "implementation declares in COMPILES fails on them instead):")
+    for text, times in sorted(_compile_notes.items()):
+        terminalreporter.write_line(f"{text}" + (f" (noted {times} times)" if times > 1 else ""))

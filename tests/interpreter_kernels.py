@@ -1,7 +1,7 @@
 """Small Triton kernels written as third-party libraries write them, for tests/test_interpreter_fidelity.py:
 each uses one thing the CPU interpreter got wrong or could not run before oracle/interpreter/'s
-corrections (issue 34, point 1). Loaded through ``oracle.interpreter.prepare_for``, as the harness
-loads any implementation; nothing here shims Triton.
+corrections, so that a library's kernel module runs there unchanged. Loaded through
+``oracle.interpreter.prepare_for``, as the harness loads any implementation; nothing here shims Triton.
 """
 
 from __future__ import annotations

@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from oracle import bench
 from oracle.bench import GateRefused, Timing, gate, host_and_loop_ms, main, ratios_to_compile, tally, targets
-from oracle.declare.registry import SPECS
 from oracle.bench.workload import Bench, Workload
 
 FIXTURE = Path(__file__).parent / "data" / "bench" / "sweep-small.json"
@@ -178,8 +176,8 @@ def test_gate_names_a_kernel_slower_against_both_compile_and_the_copy():
 
 
 def test_gate_does_not_blame_the_kernels_when_compile_alone_got_faster():
-    """torch.compile 12% faster, the kernels and the copy as before (the H200's fp16 RoPE forward between
-    8d00d37's baseline and the run after it): every ratio grew 14%, none is a regression; each is named."""
+    """torch.compile 12% faster, the kernels and the copy as before (as the H200's fp16 RoPE forward moved
+    between two runs once): every ratio grew 14%, none is a regression; each is named."""
     report = gate(_with_copy(_run(), scale={"compile": 1 / 1.14}), _with_copy(_run()))
     assert report.regressions == [] and len(report.peer_moved) == report.compared == 10
     assert all("(+14%), the kernels' time against the copy bandwidth +0.0%: torch.compile's time moved" in line
@@ -364,7 +362,7 @@ def _stub_bench() -> Bench:
 @pytest.fixture
 def stub_run(monkeypatch):
     """bench.run with the GPU's parts replaced: fixed timings, the stub op as the only spec."""
-    monkeypatch.setattr(bench, "SPECS", {"stub": SimpleNamespace(bench=_stub_bench())})
+    monkeypatch.setattr(bench, "op_benches", lambda: [_stub_bench()])
     monkeypatch.setattr(bench, "copy_bandwidth_tbps", lambda: COPY_TBPS)
     monkeypatch.setattr(bench, "median_ms", lambda fn: (fn(), 1.0)[1])
     monkeypatch.setattr(bench, "graph_ms", lambda fn: (fn(), 0.5)[1])
@@ -418,16 +416,18 @@ def test_quick_and_no_sweep_leave_the_sweep_out(stub_run):
 def test_every_workload_gets_a_fresh_static_torch_compile(monkeypatch):
     made = []
     monkeypatch.setattr(torch, "compile", lambda fn, **options: made.append(options) or object())
-    benchmarked = [spec for spec in SPECS.values() if spec.bench is not None]
-    for spec in benchmarked:
-        peers = spec.bench.peers(False)
+    benchmarked = bench.op_benches()
+    for declared in benchmarked:
+        peers = declared.peers(False)
         assert set(peers) == {"kernels", "eager", "compile"}
         assert peers["compile"]() is not peers["compile"]()
     assert len(benchmarked) >= 4 and made == [{"dynamic": False}] * 2 * len(benchmarked)
 
 
 def test_the_rms_norm_sweep_covers_nine_widths():
-    assert SPECS["rms_norm"].bench.sweep_widths == (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+    from oracle.ops import rms_norm as norm_ops
+
+    assert norm_ops.BENCH.sweep_widths == (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 
 
 # --- the figure ---------------------------------------------------------------------------------

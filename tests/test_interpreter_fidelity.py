@@ -1,5 +1,5 @@
-"""A kernel module as a library ships it runs under the CPU interpreter as on a GPU (issue 34, point 1;
-docs/design.md §5): autotune and heuristics, libdevice, scalar arguments, 16-bit arithmetic. The
+"""A kernel module as a library ships it runs under the CPU interpreter as on a GPU (docs/design.md
+§5): autotune and heuristics, libdevice, scalar arguments, 16-bit arithmetic. The
 kernels are tests/interpreter_kernels.py, loaded as the harness loads any implementation."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _gen(seed=0):
 
 
 def test_an_autotuned_kernel_runs_without_a_driver(k):
-    # at 8afd716: RuntimeError: 0 active drivers ([]). There should only be one.
+    # the stock interpreter: RuntimeError: 0 active drivers ([]). There should only be one.
     x = torch.randn(100, generator=_gen())
     assert torch.equal(k.scale_autotuned(x, 3.0), x * 3.0)
 
@@ -78,7 +78,7 @@ def test_the_case_hook_pins_a_case_to_its_config_and_names_it_after_the_case(k):
 
 
 def test_a_heuristics_kernel_runs(k):
-    # triton.heuristics never needed the driver: this passes at 8afd716 too
+    # triton.heuristics never needed the driver: this passes in the stock interpreter too
     x = torch.randn(37, generator=_gen(2))
     assert torch.equal(k.negate_heuristic(x), -x)
 
@@ -92,7 +92,7 @@ def _gelu_tanh(x):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_libdevice_tanh_through_the_stub_module_at_the_operand_dtype(k, dtype):
-    # at 8afd716: InterpreterError: TypeError("cannot convert None of type <class 'NoneType'> to tensor")
+    # stock interpreter: InterpreterError: TypeError("cannot convert None of type <class 'NoneType'> to tensor")
     x = torch.randn(300, generator=_gen(3), dtype=torch.float64).to(dtype) * 3
     got = k.gelu_tanh(x)
     assert got.dtype == dtype
@@ -118,7 +118,7 @@ def test_libdevice_from_a_device_function(k):
 
 
 def test_a_refused_libdevice_function_is_named_with_the_kernel(k):
-    # at 8afd716: 'NoneType' object has no attribute ... (the stub returns None)
+    # the stock interpreter: 'NoneType' object has no attribute ... (the stub returns None)
     from triton.runtime.errors import InterpreterError
 
     with pytest.raises(InterpreterError, match=r"_reciprocal_high calls libdevice\.rcp64h, which the CPU "
@@ -333,7 +333,7 @@ def test_a_builtin_bound_to_a_library_name_runs(k):
 
 
 def test_a_float_argument_is_an_fp32_scalar_with_to(k):
-    # at 8afd716: InterpreterError: AttributeError("'float' object has no attribute 'to'")
+    # the stock interpreter: InterpreterError: AttributeError("'float' object has no attribute 'to'")
     gen = _gen(8)
     x, w = torch.randn(6, 40, generator=gen), torch.randn(40, generator=gen)
     want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
@@ -342,7 +342,7 @@ def test_a_float_argument_is_an_fp32_scalar_with_to(k):
 
 def test_a_float_argument_promotes_a_bf16_product_to_fp32_as_on_a_gpu(k):
     # on a GPU x_bf16 * factor is an fp32 product (factor is an fp32 scalar), rounded once on the store;
-    # at 8afd716 the float was a weak constant, rounded to bf16 first, and the product computed on raw bits
+    # the stock interpreter made the float a weak constant, rounded it to bf16 first, and multiplied raw bits
     x = torch.randn(256, generator=_gen(9)).bfloat16()
     want = (x.float() * 0.1).bfloat16()
     assert torch.equal(k.scale_by(x, 0.1).view(torch.int16), want.view(torch.int16))
@@ -359,7 +359,7 @@ def _tree_bound(y: torch.Tensor, block: int) -> float:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16bit_arithmetic_and_sum_compute_as_a_gpu(k, dtype):
-    # at 8afd716 (bf16): raw uint16 bits multiplied, compared and summed: NaN, 1e38, wrong signs;
+    # the stock interpreter (bf16): raw uint16 bits multiplied, compared and summed: NaN, 1e38, wrong signs;
     # fp16 was already right elementwise (numpy's float16 rounds per operation) and summed in fp32
     gen = _gen(10)
     a = (torch.randn(1000, generator=gen) * 2).to(dtype)
@@ -372,7 +372,7 @@ def test_16bit_arithmetic_and_sum_compute_as_a_gpu(k, dtype):
 
 
 def test_a_bf16_dot_accumulates_in_fp32(k):
-    # at 8afd716: the raw bits multiplied as integers
+    # the stock interpreter: the raw bits multiplied as integers
     gen = _gen(15)
     a, b = torch.randn(16, 32, generator=gen).bfloat16(), torch.randn(32, 16, generator=gen).bfloat16()
     torch.testing.assert_close(k.bf16_dot(a, b), a.float() @ b.float(), rtol=1e-5, atol=1e-5)

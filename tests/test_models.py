@@ -44,7 +44,7 @@ from kernels.geglu import GEGLU
 from kernels import patching
 from kernels.patching import apply_rotary_pos_emb, patch_model, patched, unpatch_model
 from kernels.rms_norm import rms_norm as kernels_rms_norm
-from oracle.verdict import judge
+from oracle.verdict import Noise, judge
 from oracle import noise
 from oracle.noise import NOISE_SDS
 from oracle.noise.shadow import Shadow, evaluating
@@ -181,8 +181,8 @@ def failures(k: dict, h: dict, ref: Reference) -> list[str]:
     assert k.keys() == h.keys() == ref.truth.keys()
     out = []
     for name in k:
-        verdict = judge(name, k[name], h[name], ref.truth[name], element_noise=ref.noise[name],
-                        order_noise=ref.order[name], hf_room=True)
+        noise = Noise(element_noise=ref.noise[name], order_noise=ref.order[name], hf_room=True)
+        verdict = judge(name, k[name], h[name], ref.truth[name], noise)
         if not verdict.passed:
             out.append(f"{name}: {verdict.reason}")
     return out

@@ -336,21 +336,21 @@ def test_a_sums_record_follows_its_views_and_casts_and_not_an_overwrite():
     from (the record noise.derive_summed joins over parts); a value written in place, through a view
     too, no longer holds it; a product of a sum does not carry it."""
     with evaluating("variance"):
-        assert Shadow.of(torch.randn(6, 4)).sum(0).summed is None  # kept only where asked
+        assert Shadow.of(torch.randn(6, 4)).sum(0).accumulated is None  # kept only where asked
     with evaluating("variance", records=True):
         x = Shadow.of(torch.randn(6, 4, dtype=torch.float32))
         kept = x.sum(0, keepdim=True).view(-1).to(torch.bfloat16)
-        assert kept.summed.holds(kept.value) and kept.summed.terms == 6
-        torch.testing.assert_close(kept.summed.variance(), R.accumulation_variance(
+        assert kept.accumulated.holds(kept.value) and kept.accumulated.terms == 6
+        torch.testing.assert_close(kept.accumulated.variance(), R.accumulation_variance(
             x.value.sum(0), x.value.square().sum(0), 6, torch.bfloat16), rtol=0, atol=0)
         written = x.sum(0)
         view = written.view(2, 2)
         written[:2].copy_(torch.ones(2))
-        assert not written.summed.holds(written.value) and not view.summed.holds(view.value)
-        assert (x.sum(0) * 2).summed is None
+        assert not written.accumulated.holds(written.value) and not view.accumulated.holds(view.value)
+        assert (x.sum(0) * 2).accumulated is None
         product = torch.mm(x.t(), x)
-        assert product.summed.holds(product.value) and product.summed.terms == 6
+        assert product.accumulated.holds(product.value) and product.accumulated.terms == 6
         # attention's output: a batched product, transposed, then reshaped (a copy, then a view)
         q = Shadow.of(torch.randn(2, 4, 8, 3))
         heads = torch.matmul(torch.matmul(q, q.transpose(-1, -2)), q).transpose(1, 2).reshape(2, 8, -1)
-        assert heads.summed.holds(heads.value) and heads.summed.terms == 8
+        assert heads.accumulated.holds(heads.value) and heads.accumulated.terms == 8

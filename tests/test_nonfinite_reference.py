@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from oracle.cases import Case
-from oracle.verdict import judge
+from oracle.verdict import Noise, judge
 from oracle.declare import Dim, Op, Tensor
 from oracle.engine import CaseFailed, run_case
 from oracle.declare.implementations import Implementation
@@ -90,20 +90,20 @@ def test_the_judgement_on_known_numbers():
     t = torch.tensor([3.0, -2.0, 1.0], dtype=torch.float64)
     h = torch.tensor([math.nan, math.inf, 1.0], dtype=torch.float16)
     noise = torch.zeros(3, dtype=torch.float64)
-    good = judge("Y", t.half(), h, t, element_noise=noise)
+    good = judge("Y", t.half(), h, t, noise=Noise(element_noise=noise))
     assert good.passed and good.reference_nonfinite == 2 and good.reference_worst["index"] == [0], good.reason
     off = t.half().clone()
     off[1] = -2.0 - 4 * 2 ** -9  # four float16 ULPs at 2
-    bad = judge("Y", off, h, t, element_noise=noise)
+    bad = judge("Y", off, h, t, noise=Noise(element_noise=noise))
     assert not bad.passed and "where HF's reference is non-finite" in bad.reason
     assert judge("Y", t.half(), h, t).passed and not judge("Y", off, h, t).passed  # no noise model: one ULP
-    like_hf = judge("Y", h.clone(), h, t, element_noise=noise)
+    like_hf = judge("Y", h.clone(), h, t, noise=Noise(element_noise=noise))
     assert not like_hf.passed and like_hf.nonfinite_mismatches == 2
     assert "2 element(s) non-finite in k where the float64 truth is finite" in like_hf.reason
     # a truth past float16's range is not a number of the dtype: HF's infinity stays the answer
     beyond = torch.tensor([1e6, 1.0], dtype=torch.float64)
     h_inf = torch.tensor([math.inf, 1.0], dtype=torch.float16)
-    v = judge("Y", h_inf.clone(), h_inf, beyond, element_noise=torch.zeros(2, dtype=torch.float64))
+    v = judge("Y", h_inf.clone(), h_inf, beyond, noise=Noise(element_noise=torch.zeros(2, dtype=torch.float64)))
     assert v.passed and v.reference_nonfinite == 0
 
 

@@ -151,7 +151,7 @@ def test_a_case_at_scale_is_judged_on_a_slice_and_the_kernels_pass_it(small_scal
     count, _ = SPECS[case.op].programs.size(case)
     assert f"of {count} {SPECS[case.op].programs.unit}" in result.scope and result.scope in result.explain()
     for verdict in result.verdicts:
-        if verdict.name in SPECS[case.op].programs.summed:
+        if verdict.name in SPECS[case.op].programs.summed_gradients:
             assert verdict.shape == (64,)  # dW: summed over every row
         else:  # the programs of the slice only
             assert count not in verdict.shape

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from oracle.adapters import unsloth
+from peers.unsloth import adapter as unsloth
 from oracle.engine.devices import case_budget
 from oracle.engine import run_case
 from oracle.declare.implementations import Implementation, ImplementationUnavailable, load

@@ -51,7 +51,7 @@ import torch
 from oracle.bench.targets import (FAST_PEERS, FWD_BWD_TARGET, FWD_TARGET, FWD_TARGET_NARROW, MEMORY_PEER,  # noqa: F401
                             NARROW_BELOW, OURS, SCHEMA, WALL_PEER)
 from oracle.environment import environment, platform_key, write_json_atomic
-from oracle.bench.workload import Workload, forget_compiled, randn_cuda
+from oracle.bench.workload import Bench, Workload, forget_compiled, randn_cuda
 from oracle.errors import GateRefused  # noqa: F401 - raised here
 
 GATE_MARGIN = 0.10  # a ratio to torch.compile may grow by 10% before the gate fails
@@ -327,12 +327,23 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _rope_module():
+    """kernels/rope.py of this checkout, loaded as ``--impl kernels`` loads the package (never another
+    package named ``kernels``); the module itself, which the package's ``rope`` function shadows."""
+    import importlib
+
+    from oracle.bench.workload import checkout_kernels
+
+    checkout_kernels()
+    return importlib.import_module("kernels.rope")
+
+
 def position_check_cost(shapes=((1, 2048), (4, 4096), (8, 8192)), calls: int = 300, repeats: int = 5) -> list[dict]:
     """Microseconds per call of what rope's position-id range check adds beside the rotation kernel,
     per (batch, seq), on the GPU when there is one (a few O(1) checks of the Python; the range itself
     is the kernel's, ``rope_check_share`` times that), else the CPU (one aminmax and a host read): the
     best and the median of ``repeats`` loops of ``calls`` calls, synchronised only between loops."""
-    from kernels.rope import require_positions_in_table
+    require_positions_in_table = _rope_module().require_positions_in_table
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
@@ -358,18 +369,14 @@ def rope_check_share(dtype=torch.bfloat16, batch=4, heads=32, kv_heads=8, seq=40
     kernel compiled with its range check's device assertion (as it ships) and without (do_bench: the
     difference is what the assertion adds to a call; the comparisons that keep a bad position's
     token unread and unwritten stay in both)."""
-    import importlib
-
-    import kernels
-
+    from oracle.bench.workload import checkout_kernels
     from oracle.ops.rope import packed_positions, rotary_table
 
-    rope_module = importlib.import_module("kernels.rope")  # the module: ``kernels.rope`` is the function
+    kernels, rope_module = checkout_kernels(), _rope_module()
     Q = randn_cuda(batch, heads, seq, head_dim, dtype=dtype)
     K = randn_cuda(batch, kv_heads, seq, head_dim, dtype=dtype)
     cos, sin = rotary_table(seq, head_dim, 500000.0, device="cuda")
     positions = packed_positions(batch, seq, torch.Generator().manual_seed(0)).cuda()
-    kernel = rope_module._rope_kernel
 
     def timed() -> float:
         kernels.rope(Q, K, cos, sin, positions)  # compiled before do_bench sizes its loops
@@ -377,11 +384,8 @@ def rope_check_share(dtype=torch.bfloat16, batch=4, heads=32, kv_heads=8, seq=40
 
     with torch.no_grad():
         with_check = timed()
-        kernel.debug = False  # Note [The range check in the kernel]: compiled without the assertion
-        try:
+        with rope_module.without_range_assertion():  # kernels/rope.py, Note [The range check in the kernel]
             without_check = timed()
-        finally:
-            kernel.debug = True
     return {"shape": [batch, heads, kv_heads, seq, head_dim], "dtype": str(dtype).removeprefix("torch."),
             "with_check_ms": with_check, "without_check_ms": without_check}
 
@@ -534,8 +538,8 @@ def platform_of(result: dict) -> str | None:
 def gate(current: dict, baseline: dict) -> GateReport:
     """Regressions: ratios to torch.compile that grew by more than GATE_MARGIN against the baseline's, where
     the kernels' own time against the copy bandwidth grew by more than GATE_MARGIN too (both runs recorded
-    it). A ratio grown with the kernels' time steady is torch.compile's time moving (the H200 baseline of
-    8d00d37 had compile's fp16 RoPE forward 12% slower than the runs before and after it, the kernels'
+    it). A ratio grown with the kernels' time steady is torch.compile's time moving (one H200 baseline had
+    compile's fp16 RoPE forward 12% slower than the runs before and after it, the kernels'
     unchanged): reported as ``peer_moved``, not a failure. A slower kernel is slower against both yardsticks;
     a run-wide slowdown (another machine, clocks) moves both of the kernels' and compile's times and the
     copy's, and neither ratio. Raises GateRefused where a comparison would mean nothing (a gate that
@@ -617,6 +621,13 @@ def _describe(work: Workload) -> str:
     return f"{work.op} {work.variant}{width} {str(work.dtype).removeprefix('torch.')}"
 
 
+def op_benches() -> list[Bench]:
+    """Each built-in op module's benchmark, declared beside its ops (``BENCH``), in the registry's order."""
+    from oracle.ops import MODULES  # the op modules import this package's workload module: not at import
+
+    return [module.BENCH for module in MODULES if hasattr(module, "BENCH")]
+
+
 def run(quick: bool = False, include_liger: bool = True, sweep: bool = True,
         widths: tuple[int, ...] | None = None, budget_s: float | None = None) -> dict:
     """Model shapes in bf16 and fp16 (bf16 only when ``quick``), then every op's sweep (none when ``quick`` or
@@ -624,10 +635,7 @@ def run(quick: bool = False, include_liger: bool = True, sweep: bool = True,
     as skipped, so that the results are written within the caller's time limit."""
     start = time.perf_counter()
     torch.manual_seed(0)
-    from oracle.ops import MODULES  # the built-in ops, which import this package's workload module
-
-    # each op module's benchmark, declared beside its ops (``BENCH``)
-    benches = [(module.BENCH, module.BENCH.peers(include_liger)) for module in MODULES if hasattr(module, "BENCH")]
+    benches = [(declared, declared.peers(include_liger)) for declared in op_benches()]
     copy_tbps = copy_bandwidth_tbps()
     print(f"copy bandwidth: {copy_tbps:.2f} TB/s (read + write); fwd/fwd+bwd ms: do_bench; gpu: CUDA-graph "
           f"replay; host, loop: per call of {HOST_CALLS} unsynchronised calls; 'of copy': gpu", flush=True)

@@ -17,7 +17,7 @@ Note [Judging a case at scale]
     Gradients summed over every program (RMSNorm's dW) cannot be sliced: they are judged whole.
     HF's value is HF's autograd over the whole case (its own order of the sum), the truth is summed
     in float64 chunk by chunk, and their noise models take the whole case in bounded memory (the
-    spec says which: ``Programs.summed``).
+    spec says which: ``Programs.summed_gradients``).
 
     Values at this scale are drawn by the device's generator (specs.fill): the same numbers on every
     run on that kind of device, not the CPU's numbers.
@@ -94,7 +94,8 @@ def chunks(count: int, per_program: int):
 
 
 def describe_slice(spec, compared: int, count: int) -> str:
-    summed = f"; {', '.join(spec.programs.summed)} over all of them" if spec.programs.summed else ""
+    whole = spec.programs.summed_gradients
+    summed = f"; {', '.join(whole)} over all of them" if whole else ""
     return (f"judged on {compared} of {count} {spec.programs.unit} (first, last, around powers of two and the "
             f"2^31-element offset, and random ones){summed}")
 

@@ -32,7 +32,7 @@ from oracle.cases import autotune
 from oracle.declare import reference as R
 from oracle.cases import scale
 from oracle.cases import Case
-from oracle.verdict import ELEMENT_BOUND, Spread, TensorVerdict, describe_element, judge, summation_noise
+from oracle.verdict import ELEMENT_BOUND, Noise, Spread, TensorVerdict, describe_element, judge, summation_noise
 from oracle.declare.implementations import Implementation
 from oracle.checks.memory import BROADCAST_ROWS, CONTIGUOUS, GuardedTensor, Layout, Snapshot, bits, copy_into, rehomed_allocations
 from oracle.declare.registry import SPECS
@@ -224,10 +224,11 @@ class Prepared:
         """The verdict on one compared tensor of an implementation (compare.judge); with fast maths,
         whether it needed that room to pass."""
         def verdict(noise_of, room):
+            noise = Noise(sum_noise=self.sum_noise.get(name, 0.0), element_noise=noise_of[name],
+                          order_noise=self.order_noise.get(name), hf_room=self.noise_model == "derived",
+                          typical_room=room.get(name) if room else None, spread=self.spread.get(name))
             return judge(name, self.compared_part(name, got), self.hf.tensors()[name], self.truth.tensors()[name],
-                         self.reordered.tensors().get(name), self.sum_noise.get(name, 0.0), noise_of[name],
-                         self.order_noise.get(name), hf_room=self.noise_model == "derived",
-                         typical_room=room.get(name) if room else None, spread=self.spread.get(name))
+                         noise, self.reordered.tensors().get(name))
 
         granted = verdict(self.element_noise, self.typical_room)
         needed = self.maths == "fast" and granted.passed and self.exact_noise is not None and \
@@ -331,6 +332,7 @@ def _pick(tensors: dict, names: tuple[str, ...]) -> dict:
 
 
 def _compute(case: Case) -> torch.dtype:
+    """The dtype a case computes and accumulates in: float32 for the 16-bit dtypes and float32."""
     return torch.float64 if case.dtype == "float64" else torch.float32
 
 
@@ -348,7 +350,7 @@ def _references(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str
         reordered = evaluate(spec, spec.reference_reordered, args, upstream, compute=torch.float32)
     else:
         reordered = _split(spec, noise.reordered(spec, args, upstream, _compute(case)))
-    sum_noise = {name: summation_noise(*terms(args, upstream), _accumulator(case))
+    sum_noise = {name: summation_noise(*terms(args, upstream), _compute(case))
                  for name, terms in spec.summed.items()}
     return Prepared(args, upstream, hf, truth, reordered, sum_noise, models.element, models.order,
                     noise_model=models.model, maths=models.maths, exact_noise=models.exact,
@@ -358,10 +360,6 @@ def _references(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str
 def _split(spec: OpSpec, tensors: dict[str, torch.Tensor]) -> Evaluation:
     return Evaluation({n: tensors[n] for n in spec.outputs},
                       {n: tensors[n] for n in spec.grad_names() if n in tensors})
-
-
-def _accumulator(case: Case) -> torch.dtype:
-    return torch.float64 if case.dtype == "float64" else torch.float32
 
 
 def _prepare_on_a_slice(spec: OpSpec, case: Case, args: dict, upstream_fn, maths: str = "fast") -> Prepared:
@@ -377,10 +375,10 @@ def _prepare_on_a_slice(spec: OpSpec, case: Case, args: dict, upstream_fn, maths
     index = scale.compared_programs(count, largest // count, case.seed)
     prepared = _references(spec, case, programs.args(args, index),
                            {name: programs.tensor(t, index) for name, t in upstream.items()}, maths)
-    for name in programs.summed:
+    for name in programs.summed_gradients:
         _summed_over_every_program(spec, case, prepared, name, args, upstream)
     prepared.args, prepared.upstream = args, upstream
-    prepared.compared_part = lambda name, t: t if name in programs.summed else programs.tensor(t, index)
+    prepared.compared_part = lambda name, t: t if name in programs.summed_gradients else programs.tensor(t, index)
     prepared.scope = scale.describe_slice(spec, len(index), count)
     return prepared
 
@@ -425,7 +423,7 @@ def _summed_over_every_program(spec: OpSpec, case: Case, prepared: Prepared, nam
     prepared.spread.pop(name, None)
     prepared.spread.update(models.spread)
     if name in spec.summed:
-        prepared.sum_noise[name] = summation_noise(*spec.summed[name](args, upstream), _accumulator(case))
+        prepared.sum_noise[name] = summation_noise(*spec.summed[name](args, upstream), _compute(case))
 
 
 # --- the implementation -------------------------------------------------------------------------
@@ -484,7 +482,8 @@ def run_impl(spec: OpSpec, case: Case, impl: Implementation, prepared: Prepared,
 
     grads = {}
     if spec.differentiable:
-        grads, backward_findings = _backward(spec, case, outputs, residuals, leaves, prepared, device, guards, allocations)
+        forward = _Forward(outputs, residuals, leaves, guards, allocations)
+        grads, backward_findings = _backward(spec, case, forward, prepared, device)
         findings += backward_findings
         findings += changed_findings(watched, "snapshot", "backward", "changed during backward but is not declared in CLOBBERS")
 
@@ -513,16 +512,30 @@ def gradient_layout(spec: OpSpec, case: Case, shape: tuple[int, ...]) -> Layout:
     return spec.layout_of(case.grad_layout, shape)
 
 
-def _backward(spec, case, outputs, residuals, leaves, prepared, device, guards, allocations):
+@dataclass(frozen=True)
+class _Forward:
+    """What an implementation's forward leaves for its backward: the op's outputs, each output's
+    residual branch (a leaf, and the branch added to the output), the leaves its gradients arrive
+    on, and the guarded memory backward adds to (the guarded homes, the op's rehomed allocations)."""
+
+    outputs: dict[str, torch.Tensor]
+    residuals: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    leaves: dict[str, torch.Tensor]
+    guards: list[GuardedTensor]
+    allocations: list
+
+
+def _backward(spec: OpSpec, case: Case, forward: _Forward, prepared: Prepared, device):
     """Backward through ``z = a + y`` per output: the op and the residual branch a share one
     incoming gradient, which must stay intact for a."""
     findings = []
+    outputs, residuals = forward.outputs, forward.residuals
     upstream, captured, residual_expects = {}, [], {}
     for name, out in outputs.items():
         if not out.requires_grad:
             raise TypeError(f"{spec.name}'s output {name} does not require grad; autograd cannot reach the inputs")
         home = GuardedTensor(out.shape, out.dtype, device, gradient_layout(spec, case, tuple(out.shape)), label="d" + name)
-        guards.append(home)
+        forward.guards.append(home)
         with torch.no_grad():
             upstream[name] = copy_into(home.tensor, prepared.upstream[name])
             # what the residual branch must receive: the gradient as handed, in the branch's dtype (an
@@ -534,7 +547,7 @@ def _backward(spec, case, outputs, residuals, leaves, prepared, device, guards, 
         z = [residuals[n][1] + outputs[n] for n in outputs]
         with rehomed_allocations() as more:
             torch.autograd.backward(z, [upstream[n] for n in outputs])
-        allocations.extend(more)
+        forward.allocations.extend(more)
     findings += changed_findings(incoming, "incoming-gradient", "backward", "the gradient handed to backward was overwritten")
     for name, grad, before in captured:
         if not torch.equal(bits(grad), before):
@@ -544,7 +557,8 @@ def _backward(spec, case, outputs, residuals, leaves, prepared, device, guards, 
         if leaf.grad is None or not torch.equal(bits(leaf.grad), residual_expects[name]):
             findings.append(Finding("incoming-gradient", f"residual branch of {name}", "backward",
                                     "the other branch sharing the gradient received a corrupted gradient"))
-    grads = {"d" + n: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)) for n, leaf in leaves.items()}
+    grads = {"d" + n: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))
+             for n, leaf in forward.leaves.items()}
     return grads, findings
 
 

@@ -44,7 +44,7 @@ class DerivedModel:
     order_variance: dict[str, torch.Tensor]  # the part of it from sums' accumulation
     generic: dict[str, int]
     fast_variance: dict[str, torch.Tensor] = None  # what fast GPU maths adds (rounding.py, Note [Fast maths])
-    summed: dict = None  # per tensor that is a sum's output (or its view or cast): rules.Accumulated
+    accumulated: dict = None  # per tensor that is a sum's output (or its view or cast): rules.Accumulated
 
     @property
     def noise(self) -> dict[str, torch.Tensor]:
@@ -71,19 +71,20 @@ class DerivedModel:
     def sum_terms(self) -> dict[str, int]:
         """Per tensor that is a sum's output (derived with ``records``): how many terms each element
         sums (compare.py, Note [The spread judgement])."""
-        return {name: int(record.terms) for name, record in (self.summed or {}).items()}
+        return {name: int(record.terms) for name, record in (self.accumulated or {}).items()}
 
     @property
     def order(self) -> dict[str, torch.Tensor]:
         return {name: v.clamp(min=0).sqrt() for name, v in self.order_variance.items()}
 
 
-def shadow_run(spec, fn: Callable, args: dict, upstream: dict, mode: str, compute: torch.dtype | None = None,
-               seed: int = 0, records: bool = False) -> tuple[dict[str, Shadow], dict]:
-    """``fn`` (with the contract's signature) on shadows of the arguments, forward and backward for
-    the upstream gradients: every compared tensor as a Shadow, and the ops modelled generically."""
-    fn = _with_compute(fn, compute)
-    with evaluating(mode, seed, records) as state, torch.enable_grad():
+def shadow_run(spec, args: dict, upstream: dict, mode: str, compute: torch.dtype | None = None,
+               records: bool = False) -> tuple[dict[str, Shadow], dict]:
+    """The spec's reference on shadows of the arguments in ``mode`` (shadow.py's ``evaluating``),
+    forward and backward for the upstream gradients: every compared tensor as a Shadow, and the ops
+    modelled generically. (Sample mode's draws go through ``evaluating`` itself, with a seed.)"""
+    fn = _with_compute(spec.reference, compute)
+    with evaluating(mode, records=records) as state, torch.enable_grad():
         shadows = {name: Shadow.of(value, requires_grad=name in spec.differentiable)
                    for name, value in args.items() if isinstance(value, torch.Tensor) and value.is_floating_point()}
         outputs = dict(zip(spec.outputs, spec.call(fn, {**args, **shadows})))
@@ -101,15 +102,15 @@ def shadow_run(spec, fn: Callable, args: dict, upstream: dict, mode: str, comput
 
 def derive(spec, args: dict, upstream: dict, compute: torch.dtype | None = None, records: bool = False) -> DerivedModel:
     """Note [The derived noise model] for one case's arguments and upstream gradients; with
-    ``records``, ``summed`` holds what the accumulation of each tensor that is a sum's output came
+    ``records``, ``accumulated`` holds what the accumulation of each tensor that is a sum's output came
     from (Note [One long sum])."""
-    tensors, generic = shadow_run(spec, spec.reference, args, upstream, "variance", compute, records=records)
+    tensors, generic = shadow_run(spec, args, upstream, "variance", compute, records=records)
     return DerivedModel({name: t.value.detach() for name, t in tensors.items()},
                         {name: t.var - t.own for name, t in tensors.items()},
                         {name: t.order for name, t in tensors.items()}, generic,
                         {name: t.fast for name, t in tensors.items()},
-                        {name: t.summed for name, t in tensors.items()
-                         if t.summed is not None and t.summed.holds(t.value)})
+                        {name: t.accumulated for name, t in tensors.items()
+                         if t.accumulated is not None and t.accumulated.holds(t.value)})
 
 
 def coherence(samples: list[torch.Tensor], truth: torch.Tensor, variance: torch.Tensor) -> float:
@@ -167,7 +168,7 @@ def derive_summed(spec, name: str, parts, compute: torch.dtype | None = None) ->
     for args, upstream in parts:
         part = derive(spec, args, upstream, compute, records=True)
         t, v, o, f = part.truth[name], part.variance[name], part.order_variance[name], part.fast_variance[name]
-        record = part.summed.get(name)
+        record = part.accumulated.get(name)
         if record is not None:
             accumulated = record.variance()
             v, o, own = v - accumulated, o - accumulated, own + accumulated
@@ -196,7 +197,7 @@ def _nominal_dtype(spec, name: str, args: dict) -> torch.dtype:
 
 def reordered(spec, args: dict, upstream: dict, compute: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The reference in another valid order (shadow.py's nearest mode), in its nominal dtypes."""
-    tensors, _ = shadow_run(spec, spec.reference, args, upstream, "nearest", compute)
+    tensors, _ = shadow_run(spec, args, upstream, "nearest", compute)
     return {name: t.value.to(t.dtype) for name, t in tensors.items()}
 
 
@@ -204,7 +205,7 @@ def reordered_summed(spec, name: str, parts, compute: torch.dtype | None = None)
     """The nearest-mode value of a tensor summed over independent parts: each part's, added up."""
     total, dtype = None, None
     for args, upstream in parts:
-        tensors, _ = shadow_run(spec, spec.reference, args, upstream, "nearest", compute)
+        tensors, _ = shadow_run(spec, args, upstream, "nearest", compute)
         part = tensors[name]
         total, dtype = (part.value if total is None else total + part.value), part.dtype
     return total.to(dtype)

@@ -133,7 +133,6 @@ def function_variance(value: torch.Tensor, dtype: torch.dtype, ulps: float, abso
 #     compute so), not a bug: by default the verdict grants it (the ``fast`` variance a shadow
 #     carries), and an implementation that declares EXACT_MATHS (it calls libdevice's expf) is held
 #     to the library's accuracy alone.
-FAST_ULPS: dict[str, float] = {}  # functions whose fast form is a few ulps coarser (none beyond exp so far)
 
 
 def fast_exp_variance(y: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -190,13 +190,13 @@ def propagate(call, outs: list, dtypes: list, floating: list, state) -> list[dic
     if is_view(func):
         return _views(call, outs, floating)
     exact = _EXACT.get(func)
-    summed = [None] * len(outs)
+    accumulated = [None] * len(outs)
     if exact is not None and exact.applies(call):
         propagated = exact(call, outs, dtypes)
-        records = propagated.pop("summed", summed)
+        records = propagated.pop("accumulated", accumulated)
         if getattr(state, "records", False):  # kept only where asked (noise.derive_summed)
-            summed = records
-            for record in summed:
+            accumulated = records
+            for record in accumulated:
                 if record is not None:
                     record.watch(state.writes)
     else:
@@ -214,7 +214,7 @@ def propagate(call, outs: list, dtypes: list, floating: list, state) -> list[dic
         own, fast = _own_rounding(call, o, d)
         result.append({"var": propagated["var"][j] + own, "order": propagated["order"][j],
                        "fast": propagated["fast"][j] + fast, "own": own,
-                       "summed": summed[j] if summed[j] is not None else copied[j]})
+                       "accumulated": accumulated[j] if accumulated[j] is not None else copied[j]})
     return result
 
 
@@ -223,15 +223,15 @@ def _views(call, outs, floating) -> list[dict | None]:
     for kind in (*KINDS, "own"):
         args, kwargs = _as(call, kind)
         per_kind[kind] = tree_flatten(call.func(*args, **kwargs))[0]
-    summed = _mapped_sum(call, len(outs))
-    return [{**{k: per_kind[k][j] for k in per_kind}, "summed": summed[j]} if is_float else None
+    accumulated = _mapped_sum(call, len(outs))
+    return [{**{k: per_kind[k][j] for k in per_kind}, "accumulated": accumulated[j]} if is_float else None
             for j, is_float in enumerate(floating)]
 
 
 def _mapped_sum(call, count: int) -> list:
     """A view, cast or copy of a sum's output (a single shadow input carrying a record): the same op
     on its record's tensors (in float64, as the exact values are)."""
-    records = [(i, vars(call.leaves[i]).get("summed")) for i in call.shadows]
+    records = [(i, vars(call.leaves[i]).get("accumulated")) for i in call.shadows]
     if len(records) != 1 or records[0][1] is None:
         return [None] * count
     index, record = records[0]
@@ -280,9 +280,7 @@ def _fast_maths(call, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if name == "exp":  # exp2 of x log2(e), that product rounded to the compute dtype
         x = _bound(call, "value")["self"]
         return R.fast_exp_variance(value, x, acc)
-    if name in R.FAST_ULPS:
-        return R.function_variance(value, acc, R.FAST_ULPS[name]) - R.rounding_variance(value, acc)
-    return torch.zeros_like(value)
+    return torch.zeros_like(value)  # no other function's fast form is known to be coarser than its library's
 
 
 def _cast_source(call) -> torch.dtype | None:
@@ -411,20 +409,20 @@ class _Rule:
     """A rule per kind of variance, ``fn(call, outs, dtypes, kind) -> [variance per output]``, plus
     ``accumulation(call, outs, dtypes) -> [variance]`` (the sums' own), added to var and order."""
 
-    def __init__(self, fn, accumulation, applies=lambda call: True, summed=None):
-        """``summed(call, outs, dtypes) -> [Accumulated]``, where given, is what ``accumulation``
+    def __init__(self, fn, accumulation, applies=lambda call: True, records=None):
+        """``records(call, outs, dtypes) -> [Accumulated]``, where given, is what ``accumulation``
         computes from (it then need not be given)."""
-        self.fn, self.applies, self.summed = fn, applies, summed
-        self.accumulation = accumulation if summed is None else \
-            (lambda call, outs, dtypes: [record.variance() for record in summed(call, outs, dtypes)])
+        self.fn, self.applies, self.records = fn, applies, records
+        self.accumulation = accumulation if records is None else \
+            (lambda call, outs, dtypes: [record.variance() for record in records(call, outs, dtypes)])
 
     def __call__(self, call, outs, dtypes) -> dict[str, list]:
-        records = self.summed(call, outs, dtypes) if self.summed is not None else None
+        records = self.records(call, outs, dtypes) if self.records is not None else None
         acc = self.accumulation(call, outs, dtypes) if records is None else [r.variance() for r in records]
         result = {kind: [None if v is None else v + (a if kind in ACCUMULATING else 0)  # None: an output not asked for
                          for v, a in zip(self.fn(call, outs, dtypes, kind), acc)] for kind in KINDS}
         if records is not None:
-            result["summed"] = records
+            result["accumulated"] = records
         return result
 
 
@@ -479,14 +477,14 @@ def _bilinear(product, a_name: str, b_name: str, terms, bias: str | None = None)
         out = alpha ** 2 * (product(square[a_name], var[b_name]) + product(var[a_name], square[b_name]))
         return [out + beta ** 2 * var[bias].expand(out.shape) if bias else out]
 
-    def summed(call, outs, dtypes):
+    def records(call, outs, dtypes):
         square, value = _bound(call, "square"), _bound(call, "value")
         alpha = float(value.get("alpha", 1))
         total = product(value[a_name], value[b_name])
         return [Accumulated(total, product(square[a_name], square[b_name]), terms(value[a_name]), dtypes[0],
                             alpha ** 2)]
 
-    return variances, None, lambda call: True, summed
+    return variances, None, lambda call: True, records
 
 
 def _convolve(v: dict, x, w):
@@ -558,7 +556,7 @@ def _accumulates(call) -> bool:
     return bool(_bound(call, "value").get("accumulate", True))
 
 
-_SUM = _Rule(_linear_in_self, None, summed=_sum_record)
+_SUM = _Rule(_linear_in_self, None, records=_sum_record)
 _MEAN = _Rule(_mean_variances, _mean_accumulation)
 _SCATTERED = (_scattered_variances, _scattered_accumulation)
 _EXACT = {

@@ -91,21 +91,21 @@ class Shadow(torch.Tensor):
     order: torch.Tensor | None
     fast: torch.Tensor | None
     own: torch.Tensor | None
-    summed: rules.Accumulated | None  # a sum's output (or a view or cast of one): what its accumulation came from
+    accumulated: rules.Accumulated | None  # a sum's output (or a view or cast of one): what its accumulation came from
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
     def __new__(cls, value: torch.Tensor, dtype: torch.dtype, var=None, order=None, fast=None, own=None,
-                summed=None, requires_grad: bool = False):
+                accumulated=None, requires_grad: bool = False):
         return torch.Tensor._make_wrapper_subclass(
             cls, value.shape, strides=value.stride(), storage_offset=value.storage_offset(), dtype=dtype,
             device=value.device, requires_grad=requires_grad)
 
-    def __init__(self, value, dtype, var=None, order=None, fast=None, own=None, summed=None, requires_grad=False):
+    def __init__(self, value, dtype, var=None, order=None, fast=None, own=None, accumulated=None, requires_grad=False):
         self.value = value
         self.var, self.order, self.fast, self.own = var, order, fast, own
-        self.summed = summed
+        self.accumulated = accumulated
 
     @classmethod
     def of(cls, tensor: torch.Tensor, requires_grad: bool = False) -> Shadow:
@@ -342,5 +342,5 @@ def _write_back(call: Call, result, out_spec):
         for name in (*rules.KINDS, "own"):
             if getattr(target, name) is not None:
                 getattr(target, name).copy_(getattr(new, name))
-        target.summed = None  # written in place: no longer one sum's output (nor are its views and base)
+        target.accumulated = None  # written in place: no longer one sum's output (nor are its views and base)
     return targets[0] if len(targets) == 1 else tuple(targets)

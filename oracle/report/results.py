@@ -14,7 +14,7 @@ from pathlib import Path
 
 from oracle.cases import Case
 from oracle.engine import repro_command
-from oracle.environment import git_repository
+from oracle.environment import git_repository, repository
 from oracle.declare.registry import SPECS
 from oracle.report.sweep import Task, columns_of
 
@@ -55,19 +55,22 @@ def declared_ops(ops) -> dict[str, str]:
 
 
 def project(op_modules) -> dict | None:
-    """The user's repository, beside the harness's commit (environment.commit): the working
-    directory's git repository, or else that of the first module of declared ops that is in one;
-    None where that is the harness's own checkout (or no repository). ``from`` says which."""
+    """The user's repository, beside the harness's (environment.harness): the working directory's
+    git repository, or else that of the first module of declared ops that is in one; None where that
+    is the harness's own checkout (or no repository). Recorded as environment.repository records one
+    (its name, a path inside it, its commit), the path being that of the first module of declared ops
+    inside it, else the working directory's; ``from`` says which repository it is."""
     harness = git_repository(Path(__file__).resolve().parent)
+    files = {name: Path(module.__file__).resolve() for name in dict.fromkeys(op_modules)
+             if getattr(module := sys.modules.get(name), "__file__", None)}
     places = [(Path.cwd(), "the working directory")]
-    for name in dict.fromkeys(op_modules):
-        module = sys.modules.get(name)
-        if getattr(module, "__file__", None):
-            places.append((Path(module.__file__).resolve().parent, f"the op module {name}"))
+    places += [(file.parent, f"the op module {name}") for name, file in files.items()]
     for folder, how in places:
         found = git_repository(folder)
         if found and (harness is None or found[0] != harness[0]):
-            return {"root": found[0], "commit": found[1], "from": how}
+            root = Path(found[0]).resolve()
+            inside = [file for file in files.values() if file.is_relative_to(root)]
+            return {**repository(inside[0] if inside else folder, found), "from": how}
     return None
 
 

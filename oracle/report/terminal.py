@@ -21,9 +21,12 @@ def print_summary(document: dict, comparison: dict | None, console: Console) -> 
     took = f", {document['seconds']:.0f} s" if "seconds" in document else ""  # a baseline has no timings
     table = Table(title=f"kernel-oracle drift: {document['impl']} on {document['environment']['platform']} "
                         f"({document['sweep']} sweep{took})")
-    for column in ("op", "variant", "dtype", "tensor", "passed", "worst ratio", "worst element", "typical excess",
+    # the op column takes the longest name whole: ops often differ only by a suffix (rms_norm, rms_norm_gated)
+    longest = max((len(row["op"]) for row in document["summary"]), default=0)
+    table.add_column("op", min_width=max(longest, len("op")), no_wrap=True)
+    for column in ("variant", "dtype", "tensor", "passed", "worst ratio", "worst element", "typical excess",
                    "min bit-identical", "max ULP", "findings"):
-        table.add_column(column, justify="right" if column not in ("op", "variant", "dtype", "tensor") else "left")
+        table.add_column(column, justify="right" if column not in ("variant", "dtype", "tensor") else "left")
     for row in document["summary"]:
         ok = row["passed"] == row["cells"]
         table.add_row(row["op"], row["variant"], row["dtype"], row["tensor"],

@@ -317,9 +317,21 @@ class Spread:
 
 
 @dataclass(frozen=True)
-class _TensorNoise:
-    """What the noise model says of one compared tensor: ``judge``'s keywords, whose docstring says
-    what each is. The defaults say nothing: the max-norm judgement alone."""
+class Noise:
+    """What the noise model says of one compared tensor. The defaults say nothing: the max-norm
+    judgement alone.
+
+    - ``element_noise`` (float64, broadcastable to the truth): the rounding noise of each element's
+      terms in HF's evaluation (Note [The per-element judgement]); without it only the max-norm
+      judgement applies;
+    - ``sum_noise``: a long sum's noise at the max norm (``summation_noise``);
+    - ``order_noise``: the part of ``element_noise`` that another summation order moves (Note [The
+      distribution judgement]); None where nothing is summed;
+    - ``hf_room``: Note [HF's own error is room];
+    - ``typical_room``: per element, how much a granted approximation (fast maths) moves a typical
+      error beyond HF's; the distribution judgement allows its mean;
+    - ``spread``: for a sum's output, the derived model's noise of it (Note [The spread judgement]).
+    """
 
     sum_noise: float = 0.0
     element_noise: torch.Tensor | None = None
@@ -383,31 +395,21 @@ class _Errors:
     r_err: torch.Tensor | None
 
 
-def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, h_reordered: torch.Tensor | None = None,
-          sum_noise: float = 0.0, element_noise: torch.Tensor | None = None,
-          order_noise: torch.Tensor | None = None, hf_room: bool = False,
-          typical_room: torch.Tensor | None = None, spread: Spread | None = None) -> TensorVerdict:
-    """Compare k (implementation) with h (HF, same dtype) and t (float64 truth).
-
-    ``element_noise`` (float64, broadcastable to t): the rounding noise of each element's terms in
-    HF's evaluation (Note [The per-element judgement]); without it only the max-norm judgement
-    applies. ``order_noise``: the part of it that another summation order moves (Note [The
-    distribution judgement]); None where nothing is summed. ``hf_room``: Note [HF's own error is room].
-    ``typical_room``: per element, how much a granted approximation (fast maths) moves a typical error
-    beyond HF's; the distribution judgement allows its mean. ``spread``: for a sum's output, the
-    derived model's noise of it (Note [The spread judgement]).
-    """
+def judge(name: str, k: torch.Tensor, h: torch.Tensor, t: torch.Tensor, noise: Noise = Noise(),
+          reordered: torch.Tensor | None = None) -> TensorVerdict:
+    """Compare k (implementation) with h (HF, same dtype) and t (float64 truth), against what the
+    noise model says of the tensor (``Noise``); ``reordered``: HF's maths in another valid order,
+    the floor under cancellation (float64 or h's dtype; None where the op has none)."""
     problems = []
     if tuple(k.shape) != tuple(h.shape):
         raise ValueError(f"{name}: shape {tuple(k.shape)} differs from HF's {tuple(h.shape)}")
     if k.dtype != h.dtype:
         problems.append(f"dtype {k.dtype} differs from HF's {h.dtype}")
         k = k.to(h.dtype)
-    noise = _TensorNoise(sum_noise, element_noise, order_noise, hf_room, typical_room, spread)
-    return _verdict(name, _Sides.on_device(k, h, t, h_reordered), noise, problems)
+    return _verdict(name, _Sides.on_device(k, h, t, reordered), noise, problems)
 
 
-def _verdict(name: str, sides: _Sides, noise: _TensorNoise, problems: list[str]) -> TensorVerdict:
+def _verdict(name: str, sides: _Sides, noise: Noise, problems: list[str]) -> TensorVerdict:
     """Every judgement's scalars queued, read in one transfer (Note [One read per verdict]), then
     concluded; appends to ``problems``, the failures found before."""
     q = Readback()
@@ -488,7 +490,7 @@ def _queue_errors(q: Readback, sides: _Sides, placement: _Placement) -> _Errors:
     return _Errors(sides, finite, n_finite, k_err, h_err, r_err)
 
 
-def _queue_element_noise(q: Readback, errors: _Errors, noise: _TensorNoise) -> torch.Tensor | None:
+def _queue_element_noise(q: Readback, errors: _Errors, noise: Noise) -> torch.Tensor | None:
     """The noise model's per-element noise at the truth's shape (None without a model), its largest
     term queued for the max-norm floor."""
     if noise.element_noise is None:

@@ -1,6 +1,6 @@
 """A fresh worker's first case compiles the kernels for the GPU and loads HF's modules: seconds
 on a loaded GPU machine, past the 3 s case limit that tests/test_crash.py gives these children (a
-narrow case failed there by the limit alone, in the landing at ca702cf). So each worker first runs
+narrow case failed there by the limit alone on a GPU machine). So each worker first runs
 the narrow case once without the limit; the cases the checks judge run under it as before."""
 
 from __future__ import annotations
