@@ -48,8 +48,10 @@ import importlib
 
 # Each public name -> the module that defines it: the one place a name's home is written.
 _HOMES = {
-    **dict.fromkeys(("Op", "Tensor", "Dim", "Choice", "Fixed", "Integers", "from_module", "call_module"),
-                     "oracle.declare.op"),
+    **dict.fromkeys(("Op", "from_module", "call_module"), "oracle.declare.op"),
+    **dict.fromkeys(("Tensor", "Dim", "Choice", "Fixed", "Integers", "PerVariant", "DtypeChoice", "PARAMETER_VALUES"),
+                    "oracle.declare.parts"),
+    **dict.fromkeys(("GRAD_KINDS", "VALUE_KINDS"), "oracle.cases"),
     "ErrorInput": "oracle.declare.spec",
     **dict.fromkeys(("implementation", "load", "Implementation"), "oracle.declare.implementations"),
     **dict.fromkeys(("load_declarations", "SPECS"), "oracle.declare.registry"),

@@ -66,7 +66,7 @@ MALFORMED = {
                              r"inputs\['X'\].dims: 'width' is not one of dims", None),
     "special sizes off the multiple": (dict(dims={"rows": Dim(), "cols": Dim(2, 64, special=(2, 7), multiple=2)}),
                                        r"dims\['cols'\]: special sizes \[7\] are not multiples of 2", None),
-    # Issue 35, point 3: misuses that the declaration took silently at 8afd716.
+    # Misuses a declaration once took silently: the op would run with a meaning its author did not give it.
     "outputs as one string": (dict(outputs="Y"), r"outputs: must be a tuple of output names, got the string 'Y'; "
                                                  r"for one name write \('Y',\)", None),
     "may_clobber as one string": (dict(may_clobber="X"),
@@ -234,7 +234,7 @@ def test_clobbers_outside_what_the_op_allows_are_refused():
     assert SPECS["rope"].may_clobber == ("Q", "K")
 
 
-# --- issue 35, point 3: every misuse is a named error ------------------------------------------------
+# --- every misuse is a named error ------------------------------------------------------------------
 
 
 def _times(X, W):
@@ -321,7 +321,7 @@ def test_lists_where_tuples_belong_are_kept_as_tuples():
 
 
 def test_implementation_takes_every_attribute_an_implementation_declares():
-    """CLOBBERS, LACKING, NO_FLOAT64, EXACT_MATHS and COMPILES pass through (at 8afd716 COMPILES was
+    """CLOBBERS, LACKING, NO_FLOAT64, EXACT_MATHS and COMPILES pass through (COMPILES was once refused as
     "unknown op(s) COMPILES"); every attribute the harness reads off an implementation is one of
     them; anything else upper-case, or a value of the wrong form, is refused by name."""
     from oracle.checks import compile as compile_check
@@ -391,7 +391,7 @@ def test_implementation_checks_its_op_names_when_the_harness_loads_it(tmp_path, 
         misspelt = implementation(lazy_dubble_declared=lambda X: X + X)
     '''))
     try:
-        import lazy_impls  # noqa: F401 - at 8afd716: ValueError, unknown op(s) lazy_double_declared
+        import lazy_impls  # noqa: F401 - imports although its ops are not declared yet
 
         assert "lazy_double_declared" not in SPECS
         with pytest.raises(DeclarationError, match=r"lazy_impls:impl: implementation\(lazy_double_declared=...\): "
@@ -445,9 +445,9 @@ def _broken_modules(tmp_path, monkeypatch):
 
 
 def test_anything_wrong_in_an_op_module_is_one_declaration_error_naming_it(tmp_path, monkeypatch):
-    """One error class (at 8afd716 registry and declare had one each, and only an ImportError was
-    caught): a malformed Op, any exception while importing, a missing dependency, a spec that cannot
-    be built, each named with the module and the line."""
+    """One error class, whatever went wrong (not only an ImportError) and wherever it was found: a
+    malformed Op, any exception while importing, a missing dependency, a spec that cannot be built,
+    each named with the module and the line."""
     assert registry.DeclarationError is declare.DeclarationError and issubclass(DeclarationError, ValueError)
     _broken_modules(tmp_path, monkeypatch)
     try:

@@ -81,22 +81,24 @@ def test_a_list_of_ops_is_seen(tmp_path):
 # docs/design.md §8, the layers, by directory. From the bottom: the interpreter (Triton on the CPU,
 # computing as a GPU does), which imports nothing of the harness; the core (declaring, cases, noise,
 # the verdict, the checks, the engine), which imports neither the built-in declarations nor a tool;
-# the built-in ops, declared as a user declares theirs (and their benchmark's workloads); the tools on
-# top (the public API, the pytest plugin and suite, report and gate, repro, sanitize, the benchmark).
+# the public API (oracle/__init__.py, over the core); the built-in ops, declared as a user declares
+# theirs (and their benchmark's workloads); the tools on top (the pytest plugin and suite, report and
+# gate, repro, sanitize, the benchmark).
 LAYERS = {
     "interpreter": ("oracle.interpreter",),
     "core": ("oracle.errors", "oracle.declare", "oracle.cases", "oracle.noise", "oracle.verdict", "oracle.checks",
              "oracle.engine"),
     "declarations": ("oracle.ops",),
-    "tools": ("oracle", "oracle.environment", "oracle.pytest_plugin", "oracle.suite", "oracle.report", "oracle.repro",
+    "tools": ("oracle.environment", "oracle.pytest_plugin", "oracle.suite", "oracle.report", "oracle.repro",
               "oracle.sanitize", "oracle.bench"),
 }
 # What each layer may import besides its own: only what lies below it.
 MAY_IMPORT = {
     "interpreter": set(),
     "core": {"interpreter"},
-    "declarations": {"interpreter", "core", "bench workloads"},
-    "tools": {"interpreter", "core", "declarations", "bench workloads"},
+    "api": {"interpreter", "core"},
+    "declarations": {"interpreter", "core", "api", "bench workloads"},
+    "tools": {"interpreter", "core", "api", "declarations", "bench workloads"},
 }
 
 
@@ -135,6 +137,8 @@ def _import_graph() -> dict[str, set[str]]:
 def _layer(module: str) -> str | None:
     if module == "oracle.bench.workload":
         return "bench workloads"
+    if module == "oracle":
+        return "api"
     best = max(((layer, root) for layer, roots in LAYERS.items() for root in roots
                 if module == root or module.startswith(root + ".")), key=lambda lr: len(lr[1]), default=None)
     return best[0] if best else None
@@ -142,6 +146,8 @@ def _layer(module: str) -> str | None:
 
 def test_every_module_sits_in_a_layer_and_imports_only_below_it():
     graph = _import_graph()
+    unplaced = sorted(m for m in graph if _layer(m) is None)
+    assert not unplaced, f"in no layer (tests/test_structure.py, docs/design.md §8): {unplaced}"
     wrong = sorted(f"{m} ({_layer(m)}) imports {d} ({_layer(d)})" for m, deps in graph.items() for d in deps
                    if _layer(d) != _layer(m) and _layer(d) not in MAY_IMPORT.get(_layer(m), set())
                    and _layer(m) != "bench workloads")

@@ -24,6 +24,11 @@ LAYOUTS = ("contiguous", "transposed", "offset", "strided")
 # gives every row the same storage: stride 0 on all but the last dim).
 GRAD_LAYOUTS = ("contiguous", "transposed", "offset", "strided", "broadcast")
 VALUE_KINDS = ("normal", "large", "tiny", "zero_rows", "outliers", "nonfinite")
+# Kinds of incoming gradient, drawn as input values are (oracle/declare/spec.py, upstream_gradient):
+# independent normal values; the output itself ("aligned": the direction a norm's backward projects out,
+# so its row sum cancels) and the output plus a little noise; 16-bit overflow and underflow inside the
+# backward; rows of zeros (ignored tokens); a few outliers.
+GRAD_KINDS = ("normal", "aligned", "aligned_noisy", "large", "tiny", "zero_rows", "outliers")
 MAX_COLUMNS = 65536
 
 
@@ -60,9 +65,15 @@ class Case:
     params: dict = field(default_factory=dict)  # eps, theta, rope_type, table dtype, ...
     seed: int = 0
     grad_layout: str = "contiguous"  # of the gradient handed to backward; see GRAD_LAYOUTS
+    grad_values: str = "normal"  # the kind of gradient handed to backward; see GRAD_KINDS
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        """One line of JSON; a normal gradient is left out, so a case keeps the identity it had before
+        gradients had kinds (stored baselines still match it)."""
+        data = asdict(self)
+        if data["grad_values"] == "normal":
+            del data["grad_values"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Case:
@@ -76,6 +87,7 @@ class Case:
         dims = " ".join(f"{k}={v}" for k, v in self.dims.items())
         params = " ".join(f"{k}={v}" for k, v in self.params.items())
         grad = f" grad_layout={self.grad_layout}" if self.grad_layout != "contiguous" else ""
+        grad += f" grad_values={self.grad_values}" if self.grad_values != "normal" else ""
         return (f"{self.op}[{self.variant}] {self.dtype} {dims} layout={self.layout}{grad} values={self.values} "
                 f"{params} seed={self.seed}")
 
@@ -85,6 +97,7 @@ class Case:
         of cases made before gradient layouts existed are unchanged)."""
         dims = "x".join(str(v) if not isinstance(v, list) else "x".join(map(str, v)) for v in self.dims.values())
         grad = f"-grad_{self.grad_layout}" if self.grad_layout != "contiguous" else ""
+        grad += f"-dy_{self.grad_values}" if self.grad_values != "normal" else ""
         return f"{self.op}-{self.variant}-{self.dtype}-{dims}-{self.layout}{grad}-{self.values}"
 
 
@@ -93,11 +106,6 @@ class Case:
 # Column counts that break kernels: tiny, primes, around powers of two (block boundaries), the maximum.
 SPECIAL_COLUMNS = (1, 2, 3, 5, 7, 13, 31, 63, 64, 65, 127, 129, 255, 257, 509, 1000, 1023, 1025, 2047, 4093,
                    4096, 4097, 8191, 16383, 32769, 65521, 65535, MAX_COLUMNS)
-
-
-def float_dtypes(include_fp64: bool = False) -> st.SearchStrategy[str]:
-    """A dtype name; shrinks toward float32."""
-    return st.sampled_from(FLOAT_DTYPES + (("float64",) if include_fp64 else ()))
 
 
 def n_cols(max_cols: int = MAX_COLUMNS) -> st.SearchStrategy[int]:
@@ -126,6 +134,11 @@ def grad_layouts() -> st.SearchStrategy[str]:
     return st.sampled_from(GRAD_LAYOUTS)
 
 
+def grad_kinds() -> st.SearchStrategy[str]:
+    """A kind of gradient handed to backward (GRAD_KINDS); shrinks toward normal."""
+    return st.sampled_from(GRAD_KINDS)
+
+
 def long_counts(budget: Budget) -> st.SearchStrategy[int]:
     """A row or token count just past one of TILE_BOUNDARIES (within the budget), or anywhere up to
     the budget's long_programs; shrinks toward the first boundary + 1."""
@@ -139,7 +152,7 @@ def is_long() -> st.SearchStrategy[bool]:
 
 
 def value_kinds() -> st.SearchStrategy[str]:
-    """The kind of values drawn (see specs.fill_values); shrinks toward normal."""
+    """The kind of values drawn (VALUE_KINDS, made by oracle.declare.spec.fill); shrinks toward normal."""
     return st.sampled_from(VALUE_KINDS)
 
 

@@ -34,6 +34,7 @@ import traceback
 from importlib import metadata
 from pathlib import Path
 
+from oracle import interpreter
 from oracle.declare.op import Op
 from oracle.declare.spec import OpSpec
 from oracle.errors import DeclarationError
@@ -120,6 +121,9 @@ def load_declarations(*modules: str) -> list[str]:
 def _load_module(name: str) -> list[str]:
     if os.getcwd() not in sys.path:  # as under python -m: a module of the working directory imports
         sys.path.insert(0, os.getcwd())
+    # A module may hold Triton kernels beside its declarations: they are decorated as it is imported,
+    # so the interpreter is chosen first, as for an implementation's module (oracle/interpreter/).
+    interpreter.choose_backend()
     try:
         module = importlib.import_module(name)
     except ModuleNotFoundError as exc:

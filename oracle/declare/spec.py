@@ -29,6 +29,11 @@ from oracle.checks.memory import CONTIGUOUS, FUSE_LAST_DIM, Fusion, Layout
 from oracle.noise.rounding import compute_dtype, rounding_error, unit_roundoff  # noqa: F401 - re-exported
 from oracle.cases.scale import AT_SCALE_ELEMENTS
 
+# What other modules use (op modules build specs from these); the rest is internal. A user's code
+# imports from ``oracle``.
+__all__ = ["DTYPES", "ErrorInput", "OpSpec", "Programs", "compute_dtype", "fill", "generator", "layout_bshd",
+           "layout_last_two", "rounding_error", "unit_roundoff", "upstream_gradient", "wide"]
+
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
 
@@ -70,7 +75,7 @@ class Programs:
     # gradient, program indices -> its part in those programs
     # Gradients summed over every program (RMSNorm's dW): judged whole. Their noise, order noise and
     # ``summed`` entries take the whole case and must work in bounded memory (chunk by chunk).
-    summed: tuple[str, ...] = ()
+    summed_gradients: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,14 +219,37 @@ def fill(shape, dtype: torch.dtype, kind: str, gen: torch.Generator, device) -> 
 
 
 def upstream_gradient(case: Case, name: str, like: torch.Tensor) -> torch.Tensor:
-    """The gradient fed to backward for output ``name``: normal values, seeded, in the output's dtype.
-    For a row-broadcast gradient layout every row holds the same values (materialised here; the
+    """The gradient fed to backward for output ``name`` (HF's output ``like``, whose values the
+    aligned kinds follow), seeded, in the output's dtype, of the case's kind (cases.GRAD_KINDS). For
+    a row-broadcast gradient layout every row holds the first row's values (materialised here; the
     engine hands backward the stride-0 view)."""
-    shape = tuple(like.shape)
+    shape, kind = tuple(like.shape), case.grad_values
+    gen = generator(case, "d" + name)
+    if kind in ("aligned", "aligned_noisy"):
+        grad = _aligned(like.detach(), kind == "aligned_noisy", gen)
+    else:
+        broadcast_row = case.grad_layout == "broadcast" and len(shape) > 1
+        return _broadcast(fill(shape[-1:] if broadcast_row else shape, like.dtype, kind, gen, like.device), case, shape)
+    return _broadcast(grad.reshape(-1, shape[-1])[:1] if case.grad_layout == "broadcast" and len(shape) > 1 else grad,
+                      case, shape)
+
+
+def _aligned(output: torch.Tensor, noisy: bool, gen: torch.Generator) -> torch.Tensor:
+    """The output itself (non-finite elements zeroed); with ``noisy``, plus normal noise at a hundredth
+    of each row's root mean square, rounded to the output's dtype."""
+    y = torch.nan_to_num(output.to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    if not noisy:
+        return y.to(output.dtype)
+    rms = y.pow(2).mean(-1, keepdim=True).sqrt() if y.dim() else y.abs()
+    noise = torch.randn(tuple(y.shape), generator=gen, dtype=torch.float64).to(y.device)
+    finite = torch.finfo(output.dtype).max
+    return (y + 0.01 * rms * noise).clamp(-finite, finite).to(output.dtype)
+
+
+def _broadcast(grad: torch.Tensor, case: Case, shape: tuple[int, ...]) -> torch.Tensor:
     if case.grad_layout == "broadcast" and len(shape) > 1:
-        row = fill(shape[-1:], like.dtype, "normal", generator(case, "d" + name), like.device)
-        return row.expand(shape).contiguous()
-    return fill(shape, like.dtype, "normal", generator(case, "d" + name), like.device)
+        return grad.reshape(shape[-1:]).expand(shape).contiguous()
+    return grad
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:

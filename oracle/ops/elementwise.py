@@ -13,7 +13,8 @@ import torch
 from hypothesis import strategies as st
 
 from oracle import cases as C
-from oracle.cases import FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering, grad_layouts, layouts, seeds
+from oracle.cases import (FLOAT_DTYPES, GRAD_KINDS, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering, grad_kinds,
+                          grad_layouts, layouts, seeds)
 from oracle.cases.scale import row_count, rows
 from oracle.declare.spec import DTYPES, ErrorInput, Programs, fill, generator
 
@@ -86,12 +87,14 @@ def elementwise_cases(draw, budget: Budget, op: str, autograd: bool, dtypes=FLOA
         layout="contiguous" if raw else draw(layouts()),
         values=draw(st.sampled_from(("normal", "large", "tiny", "outliers", "nonfinite"))), params={},
         seed=draw(seeds()), grad_layout="contiguous" if raw else draw(grad_layouts()),
+        grad_values="normal" if raw else draw(grad_kinds()),
     )
 
 
 def elementwise_stratified(op: str, autograd: bool,
                            variants: tuple[str, ...] = ("default",)) -> Callable[[str, Budget], list[Case]]:
-    """Every variant, kind of values (and, for an autograd op, every layout and gradient layout);
+    """Every variant, kind of values (and, for an autograd op, every layout, gradient layout and kind
+    of incoming gradient);
     every other case past four 1024-element blocks with a partial last block."""
     # variants cycle as (a, b, b, a) so that each is drawn both short and long
     cycle = tuple(variants[i % len(variants)] for i in (0, 1, 1, 0)) if len(variants) > 1 else variants
@@ -99,10 +102,10 @@ def elementwise_stratified(op: str, autograd: bool,
     def stratified(dtype: str, budget: Budget) -> list[Case]:
         raw = not autograd
         rows = covering(cycle, ("contiguous",) if raw else LAYOUTS, ("contiguous",) if raw else GRAD_LAYOUTS,
-                        ("normal", "large", "tiny", "outliers", "nonfinite"))
+                        ("normal",) if raw else GRAD_KINDS, ("normal", "large", "tiny", "outliers", "nonfinite"))
         return [Case(op, variant, dtype, {"shape": [5, 1001] if i % 2 else [3, 257]}, layout, values, {},
-                     seed=1000 + i, grad_layout=grad_layout)
-                for i, (variant, layout, grad_layout, values) in enumerate(rows)]
+                     seed=1000 + i, grad_layout=grad_layout, grad_values=grad_values)
+                for i, (variant, layout, grad_layout, grad_values, values) in enumerate(rows)]
 
     return stratified
 

@@ -13,8 +13,8 @@ import torch
 from hypothesis import strategies as st
 
 from oracle import cases as C
-from oracle.cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering,
-                     grad_layouts, is_long, layouts, long_counts, long_rows, seeds)
+from oracle.cases import (FLOAT_DTYPES, GRAD_KINDS, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering, grad_kinds,
+                          grad_layouts, is_long, layouts, long_counts, long_rows, seeds)
 from oracle.checks.memory import FUSE_HEADS
 from oracle.declare.reference import mirrors
 from oracle.declare.spec import (DTYPES, ErrorInput, OpSpec, Programs, fill, generator, layout_bshd, rounding_error, wide)
@@ -142,17 +142,18 @@ def rope_cases(draw, budget: Budget, dtypes=FLOAT_DTYPES) -> Case:
         params={"theta": draw(st.sampled_from((10000.0, 500000.0, 1e6))),
                 "rope_type": draw(st.sampled_from(("default", "linear", "llama3"))),
                 "table": draw(st.sampled_from(("float32", "model")))},
-        seed=draw(seeds()), grad_layout=draw(grad_layouts()),
+        seed=draw(seeds()), grad_layout=draw(grad_layouts()), grad_values=draw(grad_kinds()),
     )
 
 
 def rope_stratified(dtype: str, budget: Budget) -> list[Case]:
-    """Every variant, layout, gradient layout and kind of values; GQA with a head count that is not a
-    multiple of the head group; every other case a long sequence (past 64, 128, 256 tokens)."""
+    """Every variant, layout, gradient layout, kind of incoming gradient and kind of values; GQA with a
+    head count that is not a multiple of the head group; every other case a long sequence (past 64,
+    128, 256 tokens)."""
     out = []
-    rows = covering(("plain", "packed", "packed", "plain"), LAYOUTS, GRAD_LAYOUTS,
+    rows = covering(("plain", "packed", "packed", "plain"), LAYOUTS, GRAD_LAYOUTS, GRAD_KINDS,
                     ("normal", "large", "tiny", "outliers", "nonfinite"))
-    for i, (variant, layout, grad_layout, values) in enumerate(rows):
+    for i, (variant, layout, grad_layout, grad_values, values) in enumerate(rows):
         if i % 2:
             dims = {"batch": 1, "heads": 3, "kv_heads": 1, "seq": long_rows(i // 2, budget), "head_dim": 8}
         else:
@@ -160,7 +161,8 @@ def rope_stratified(dtype: str, budget: Budget) -> list[Case]:
         dims["max_pos"] = dims["seq"] + 9
         out.append(Case("rope", variant, dtype, dims, layout, values,
                         {"theta": 10000.0, "rope_type": ("default", "llama3", "linear")[i % 3],
-                         "table": ("float32", "model")[i // 2 % 2]}, seed=1000 + i, grad_layout=grad_layout))
+                         "table": ("float32", "model")[i // 2 % 2]}, seed=1000 + i, grad_layout=grad_layout,
+                        grad_values=grad_values))
     return out
 
 
