@@ -11,7 +11,11 @@ Declare an op (what it computes, how its inputs are drawn; docs/howto/declare-an
     Tensor(*dims, dtype="case", values="case", layout=None)   an input: sizes by dim name
     Dim(low, high, special=(), programs=False, multiple=1)    how one size is drawn
     Choice(a, b, ...)   a param drawn per case      Fixed(value)   a param passed as it is
+    PerVariant(llama=..., gemma=...)                          a param or a tensor's values per variant
+    DtypeChoice("weight", same="case", float32="float32")     a tensor's dtype drawn per case
     Integers(low, high, sprinkle)                             an integer input's values
+    VALUE_KINDS, GRAD_KINDS                                   the kinds of input values and of incoming
+                                                              gradient a case draws (value_kinds=, grad_kinds=)
     ErrorInput(description, args, error, match)               a bad input and what it must raise
     from_module(name, Model, get_inputs, get_init_inputs)     an op from a KernelBench nn.Module
     call_module(module, inputs, parameters)                   module(*inputs) with those weights

@@ -252,3 +252,316 @@ def test_variants_as_names_are_variants_fixing_nothing():
     op = _norm(params={"eps": Choice(1e-6, 1e-5)}, inputs={"X": Tensor("lead", "cols"), "W": Tensor("cols")},
                reference=lambda X, W, eps: X * W)
     assert op.variants == {"plain": {}, "shifted": {}}
+
+
+# --- per-row dims (an element-wise op's shape), a raw kernel's hf, trailing params left out ------------
+
+
+def _gated(**changes) -> Op:
+    """A toy gated MLP (SwiGLU's maths) over one per-row shape."""
+    from oracle.ops.swiglu import swiglu
+
+    fields = dict(reference=swiglu, outputs=("h",), inputs={"e": Tensor("shape", layout=True),
+                                                          "g": Tensor("shape", layout=True)},
+                  dims={"shape": Dim(1, 2**20, split=3, per_row=True)})
+    return Op("gated_declared_here", **(fields | changes))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_a_per_row_dim_is_drawn_as_rows_by_columns_within_the_budget(data):
+    case = data.draw(_gated().spec.cases(CPU_BUDGET))
+    shape = case.dims["shape"]
+    assert 2 <= len(shape) <= 3 and math.prod(shape) <= CPU_BUDGET.elements
+
+
+def test_a_per_row_dims_long_stratified_cases_end_in_a_partial_block():
+    cases = _gated().spec.stratified("float32", CPU_BUDGET)
+    short, long = cases[0::2], cases[1::2]
+    assert all(len(c.dims["shape"]) == 2 and math.prod(c.dims["shape"]) <= 1024 for c in short)
+    assert all(math.prod(c.dims["shape"]) > 4 * 1024 and math.prod(c.dims["shape"]) % 1024 for c in long)
+
+
+def test_a_kernel_that_drops_the_last_partial_block_is_caught_on_a_long_case():
+    from oracle.ops.swiglu import swiglu
+
+    op = _gated()
+
+    def drops_last_block(e, g):
+        h = swiglu(e, g)
+        kept = torch.arange(h.numel()).reshape(h.shape) < h.numel() // 1024 * 1024
+        return h * kept
+
+    long = op.spec.stratified("float32", CPU_BUDGET)[1]
+    assert run_case(op.spec, long, _hf(op), CPU).passed
+    assert not run_case(op.spec, long, _impl(op, drops_last_block), CPU).passed
+
+
+def test_a_per_row_dim_is_judged_at_scale_on_a_slice_of_its_rows():
+    op = _gated(scale=({"dims": {"shape": [2, 3, 16]}},))
+    programs = op.spec.programs
+    case = op.spec.scale()[0]
+    assert programs.unit == "rows" and programs.size(case) == (6, 6 * 16) and programs.summed_gradients == ()
+    args = op.spec.make_args(case, CPU)
+    index = torch.tensor([0, 5])
+    sliced = programs.args(args, index)
+    assert all(torch.equal(sliced[n], args[n].reshape(6, 16)[index]) for n in ("e", "g"))
+
+
+def _doubled_into_x(**changes) -> Op:
+    """A toy raw kernel: 2x written into x's buffer, outside autograd."""
+    def hf(x):
+        return x.mul_(2)
+
+    fields = dict(reference=lambda x: 2 * x, inputs={"x": Tensor("n")}, dims={"n": Dim(1, 64)}, outputs=("y",),
+                  differentiable=(), may_clobber=("x",), writes_into={"y": "x"}, hf=hf)
+    return Op("doubled_into_x_declared_here", **(fields | changes))
+
+
+def test_a_raw_kernels_hf_is_its_contract_callable_and_a_fresh_result_is_caught():
+    """The reference returns a new tensor; the contract writes into x. ``hf`` is what --impl hf
+    runs: it passes, and an implementation returning the reference's fresh tensor fails."""
+    op = _doubled_into_x()
+    assert op.spec.contract_callable() is op.hf
+    case = op.spec.stratified("float32", CPU_BUDGET)[0]
+    clobbers = {op.name: {"x"}}
+    right = Implementation("hf", SimpleNamespace(**{op.name: op.hf, "CLOBBERS": clobbers}))
+    fresh = Implementation("fresh", SimpleNamespace(**{op.name: lambda x: 2 * x, "CLOBBERS": clobbers}))
+    assert run_case(op.spec, case, right, CPU).passed
+    caught = run_case(op.spec, case, fresh, CPU)
+    assert not caught.passed and [f.check for f in caught.findings] == ["buffers"]
+
+
+def test_an_error_input_may_leave_out_trailing_params():
+    """GeGLU's shared error inputs give e and g only: the callee's default approximation stands."""
+    spec = SPECS["geglu"]
+    e, g = torch.randn(3, 4), torch.randn(3, 4)
+    assert torch.equal(spec.call(spec.reference, {"e": e, "g": g})[0], spec.reference(e, g, "tanh"))
+    assert torch.equal(spec.call(spec.reference, {"e": e, "g": g, "approximate": "none"})[0],
+                       spec.reference(e, g, "none"))
+
+
+def test_the_gated_mlps_are_op_declarations():
+    import oracle.ops.geglu as geglu_module
+    import oracle.ops.swiglu as swiglu_module
+
+    for op in swiglu_module.SPECS + geglu_module.SPECS:
+        assert isinstance(op, Op) and SPECS[op.name] is op.spec and op.spec.error_inputs()
+    assert not hasattr(swiglu_module, "OpSpec") and not hasattr(geglu_module, "OpSpec")
+
+
+PER_ROW_MALFORMED = {
+    "per_row unsplit": (dict(dims={"shape": Dim(per_row=True)}), r"dims\['shape'\]: per_row needs split >= 2"),
+    "per_row counting programs": (dict(dims={"shape": Dim(split=3, per_row=True, programs=True)}),
+                                  r"dims\['shape'\]: per_row needs split >= 2 .* and no programs"),
+    "a per-row size of one part": (dict(sweep=({"dims": {"shape": [7]}},)), r"sweep: sizes must be positive ints"),
+    "hf not callable": (dict(hf="swiglu"), r"hf: must be callable or None, got str"),
+}
+
+
+@pytest.mark.parametrize("what", PER_ROW_MALFORMED)
+def test_a_malformed_per_row_dim_or_hf_is_refused_naming_the_field(what):
+    changes, message = PER_ROW_MALFORMED[what]
+    with pytest.raises(DeclarationError, match=message):
+        _gated(**changes)
+
+
+# --- RoPE's needs: related dims, unpassed params, packed positions, (batch, heads, seq, head_dim) -------
+
+
+def _grouped_sum(Q, K):
+    """Q plus K's kv heads, each repeated for its group of Q's heads (grouped-query attention)."""
+    return Q + K.repeat_interleave(Q.shape[1] // K.shape[1], dim=1)
+
+
+def _grouped(**changes) -> Op:
+    fields = dict(
+        reference=_grouped_sum, outputs=("Y",),
+        inputs={"Q": Tensor("batch", "heads", "seq", "head_dim"), "K": Tensor("batch", "kv_heads", "seq", "head_dim")},
+        dims={"batch": Dim(1, 3), "heads": Dim(1, 12, multiple_of="kv_heads"), "kv_heads": Dim(1, 4),
+              "seq": Dim(1, 512, programs="tokens"), "head_dim": Dim(2, 16, multiple=2)},
+    )
+    return Op("grouped_declared_here", **(fields | changes))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_a_multiple_of_dim_is_drawn_as_a_multiple_of_the_other(data):
+    op = _grouped()
+    case = data.draw(op.spec.cases(CPU_BUDGET))
+    assert case.dims["heads"] % case.dims["kv_heads"] == 0 and case.dims["heads"] >= case.dims["kv_heads"]
+
+
+def test_heads_tiled_in_the_wrong_order_are_caught_on_a_grouped_case():
+    """repeat where repeat_interleave belongs: every drawn case is a valid grouping, and this one, of
+    two kv heads each shared by two of Q's, exposes the bug; the reference passes it."""
+    op = _grouped()
+    assert all(c.dims["heads"] % c.dims["kv_heads"] == 0 for c in op.spec.stratified("float32", CPU_BUDGET))
+
+    def tiled(Q, K):
+        return Q + K.repeat(1, Q.shape[1] // K.shape[1], 1, 1)
+
+    case = Case(op.name, "default", "float32", {"batch": 1, "heads": 4, "kv_heads": 2, "seq": 3, "head_dim": 4})
+    assert run_case(op.spec, case, _hf(op), CPU).passed
+    assert not run_case(op.spec, case, _impl(op, tiled), CPU).passed
+    ungrouped = Case(op.name, "default", "float32", {"batch": 1, "heads": 2, "kv_heads": 2, "seq": 3, "head_dim": 4})
+    assert run_case(op.spec, ungrouped, _impl(op, tiled), CPU).passed  # one head per kv head: no bug
+
+
+def test_an_at_least_dim_is_never_drawn_below_the_other():
+    op = SPECS["rope"]
+    cases = op.stratified("float32", CPU_BUDGET) + op.stratified("bfloat16", CPU_BUDGET)
+    assert all(c.dims["max_pos"] >= c.dims["seq"] for c in cases)
+    assert all(c.dims["heads"] % c.dims["kv_heads"] == 0 for c in cases)
+
+
+def _filled(shape, dtype, gen, device, params):
+    return torch.full(shape, params["base"], dtype=dtype, device=device)
+
+
+def _scaled(**changes) -> Op:
+    fields = dict(
+        reference=lambda X, T: X * T, outputs=("Y",),
+        inputs={"X": Tensor("rows", "cols"), "T": Tensor("rows", "cols", values=_filled, layout=False)},
+        dims={"rows": Dim(1, 8), "cols": Dim(1, 64)}, params={"base": Choice(2.0, 0.5, passed=False)},
+        differentiable=("X",),
+    )
+    return Op("scaled_by_table_declared_here", **(fields | changes))
+
+
+def test_an_unpassed_choice_is_recorded_and_makes_a_tensor_but_is_not_passed():
+    op = _scaled()
+    assert op.arg_names == ("X", "T") and op.spec.arg_names == ("X", "T")
+    cases = op.spec.stratified("float32", CPU_BUDGET)
+    assert {c.params["base"] for c in cases} == {2.0, 0.5}
+    for case in cases[:3]:
+        args = op.spec.make_args(case, CPU)
+        assert "base" not in args and torch.all(args["T"] == case.params["base"])
+
+
+def test_a_kernel_that_ignores_the_table_is_caught_where_the_params_change_it():
+    op = _scaled()
+
+    def doubles(X, T):
+        return X * 2.0
+
+    half = Case(op.name, "default", "float32", {"rows": 3, "cols": 5}, params={"base": 0.5})
+    two = Case(op.name, "default", "float32", {"rows": 3, "cols": 5}, params={"base": 2.0})
+    assert run_case(op.spec, half, _hf(op), CPU).passed
+    assert not run_case(op.spec, half, _impl(op, doubles), CPU).passed
+    assert run_case(op.spec, two, _impl(op, doubles), CPU).passed  # the table it assumes: no bug
+
+
+def test_packed_positions_restart_per_row_and_plain_ones_are_left_out():
+    from oracle.declare.parts import Positions
+
+    spec = SPECS["rope"]
+    packed = Case("rope", "packed", "float32", {"batch": 3, "heads": 2, "kv_heads": 1, "seq": 40, "head_dim": 8,
+                                                "max_pos": 40}, seed=5)
+    positions = spec.make_args(packed, CPU)["position_ids"]
+    assert positions.dtype == torch.int64 and positions.shape == (3, 40)
+    steps = positions[:, 1:] - positions[:, :-1]
+    assert bool(((steps == 1) | (positions[:, 1:] == 0)).all()) and bool((positions[:, 1:] == 0).any())
+    assert not torch.equal(positions[0], positions[1])
+    whole = Case(**{**packed.__dict__, "params": {**packed.params, "first_row": "one document"}})
+    assert torch.equal(spec.make_args(whole, CPU)["position_ids"][0], torch.arange(40))
+    assert spec.make_args(Case(**{**packed.__dict__, "variant": "plain"}), CPU)["position_ids"] is None
+    assert torch.equal(Positions.default(2, 3, CPU), torch.tensor([[0, 1, 2], [0, 1, 2]]))
+
+
+def test_a_rope_that_ignores_packed_positions_is_caught_and_passes_plain_cases():
+    from oracle.ops import rope as rope_module
+
+    spec = SPECS["rope"]
+
+    def sequential(Q, K, cos, sin, position_ids=None):
+        return rope_module.rope(Q, K, cos, sin, None)
+
+    dims = {"batch": 2, "heads": 4, "kv_heads": 2, "seq": 9, "head_dim": 8, "max_pos": 12}
+    packed, plain = (Case("rope", v, "float32", dims, seed=3) for v in ("packed", "plain"))
+    hf = Implementation("hf", SimpleNamespace(rope=spec.contract_callable()))
+    broken = Implementation("broken", SimpleNamespace(rope=sequential))
+    assert run_case(spec, packed, hf, CPU).passed
+    assert not run_case(spec, packed, broken, CPU).passed
+    assert run_case(spec, plain, broken, CPU).passed
+
+
+def test_rope_is_sliced_along_its_tokens_with_left_out_positions_made_explicit():
+    """At scale a case is judged on some tokens: each token's output must be what the whole case
+    gives it. Without position_ids a token's position is its index, which a bare slice would lose."""
+    spec = SPECS["rope"]
+    programs = spec.programs
+    case = Case("rope", "plain", "float32", {"batch": 2, "heads": 4, "kv_heads": 2, "seq": 300, "head_dim": 8,
+                                             "max_pos": 300}, "transposed", seed=2)
+    args = spec.make_args(case, CPU)
+    index = torch.tensor([0, 129, 299])
+    assert programs.unit == "tokens" and programs.size(case) == (300, 2 * 4 * 300 * 8)
+    sliced = programs.args(args, index)
+    assert torch.equal(sliced["position_ids"], index.expand(2, -1)) and sliced["cos"] is args["cos"]
+    whole = spec.call(spec.reference, args)
+    part = spec.call(spec.reference, sliced)
+    assert all(torch.equal(programs.tensor(w, index), p) for w, p in zip(whole, part))
+    bare = spec.call(spec.reference, sliced | {"position_ids": None})  # what the slice would give, made bare
+    assert not torch.equal(programs.tensor(whole[0], index), bare[0])
+
+
+def test_layout_bshd_stores_transposed_tensors_as_hf_does_and_fuses_heads():
+    from oracle.checks.memory import FUSE_HEADS
+    from oracle.declare.spec import layout_bshd
+
+    spec = SPECS["rope"]
+    assert spec.layout_of is layout_bshd and spec.fusion is FUSE_HEADS and spec.layout_args == ("Q", "K")
+    assert _grouped().spec.fusion is None and _grouped(layout_of=layout_bshd).spec.fusion is FUSE_HEADS
+    op = _grouped(layout_of=layout_bshd)
+
+    def reads_storage_as_contiguous(Q, K):
+        return _grouped_sum(Q.as_strided(Q.shape, Q.contiguous().stride(), Q.storage_offset()), K)
+
+    case = Case(op.name, "default", "float32", {"batch": 2, "heads": 4, "kv_heads": 2, "seq": 3, "head_dim": 4},
+                "transposed")
+    assert op.spec.layout_of("transposed", (2, 4, 3, 4)).order == (0, 2, 1, 3)  # (batch, seq, heads, head_dim)
+    assert run_case(op.spec, case, _hf(op), CPU).passed
+    assert not run_case(op.spec, case, _impl(op, reads_storage_as_contiguous), CPU).passed
+    contiguous = Case(**{**case.__dict__, "layout": "contiguous"})
+    assert run_case(op.spec, contiguous, _impl(op, reads_storage_as_contiguous), CPU).passed
+
+
+def test_a_point_naming_variants_is_taken_for_those_alone():
+    cases = SPECS["rope"].scale()
+    assert {c.dims["batch"] for c in cases if c.variant == "plain"} == {1}
+    assert {c.dims["batch"] for c in cases if c.variant == "packed"} == {2}
+    assert all(("first_row" in c.params) == (c.variant == "packed") for c in cases)
+    assert [c.seed for c in cases] == list(range(len(cases)))
+
+
+def test_rope_is_an_op_declaration_with_its_error_inputs_unchanged():
+    from oracle.ops import rope as rope_module
+
+    assert isinstance(rope_module.ROPE, Op) and rope_module.SPECS == (rope_module.ROPE,)
+    assert SPECS["rope"] is rope_module.ROPE.spec and not hasattr(rope_module, "OpSpec")
+    assert [e.description for e in SPECS["rope"].error_inputs()] == [e.description for e in rope_module._rope_errors()]
+
+
+ROPE_MALFORMED = {
+    "multiple_of no dim": (dict(dims={"batch": Dim(1, 3), "heads": Dim(1, 12, multiple_of="groups"),
+                                      "kv_heads": Dim(1, 4), "seq": Dim(1, 512), "head_dim": Dim(2, 16)}),
+                           r"dims\['heads'\]: multiple_of='groups' must name another dim"),
+    "at_least itself": (dict(dims={"batch": Dim(1, 3), "heads": Dim(1, 12), "kv_heads": Dim(1, 4),
+                                   "seq": Dim(1, 512, at_least="seq"), "head_dim": Dim(2, 16)}),
+                        r"dims\['seq'\]: at_least='seq' must name another dim"),
+    "floating positions": (dict(inputs={"Q": Tensor("batch", "heads", "seq", "head_dim"),
+                                        "K": Tensor("batch", "kv_heads", "seq", "head_dim"),
+                                        "P": Tensor("batch", "seq", values=__import__("oracle.declare.parts").declare
+                                                    .parts.Positions())}, reference=lambda Q, K, P: Q),
+                           r"inputs\['P'\].values: Positions are a \(batch, seq\) tensor of an integer dtype"),
+    "a point's unknown variant": (dict(sweep=({"dims": {"batch": 1, "heads": 2, "kv_heads": 1, "seq": 3,
+                                                        "head_dim": 4}, "variants": ("packed",)},)),
+                                  r"sweep: a point's variants must be some of the op's \(default\)"),
+}
+
+
+@pytest.mark.parametrize("what", ROPE_MALFORMED)
+def test_a_malformed_rope_feature_is_refused_naming_the_field(what):
+    changes, message = ROPE_MALFORMED[what]
+    with pytest.raises(DeclarationError, match=message):
+        _grouped(**changes)

@@ -29,6 +29,14 @@ VALUE_KINDS = ("normal", "large", "tiny", "zero_rows", "outliers", "nonfinite")
 # so its row sum cancels) and the output plus a little noise; 16-bit overflow and underflow inside the
 # backward; rows of zeros (ignored tokens); a few outliers.
 GRAD_KINDS = ("normal", "aligned", "aligned_noisy", "large", "tiny", "zero_rows", "outliers")
+# Input values that already take 16-bit products to their range's end: a gradient of another kind on
+# them makes HF's own backward overflow where the truth is a number, a case that judges nothing.
+NEAR_RANGE_VALUES = ("large", "outliers", "nonfinite")
+
+
+def grad_kind_for(values: str, drawn: str) -> str:
+    """The kind of incoming gradient a case takes: the one drawn, or normal on NEAR_RANGE_VALUES."""
+    return "normal" if values in NEAR_RANGE_VALUES else drawn
 MAX_COLUMNS = 65536
 
 
@@ -67,13 +75,17 @@ class Case:
     grad_layout: str = "contiguous"  # of the gradient handed to backward; see GRAD_LAYOUTS
     grad_values: str = "normal"  # the kind of gradient handed to backward; see GRAD_KINDS
 
-    def to_json(self) -> str:
-        """One line of JSON; a normal gradient is left out, so a case keeps the identity it had before
-        gradients had kinds (stored baselines still match it)."""
+    def record(self) -> dict:
+        """The case as plain data, as documents store it: a normal gradient is left out, so a case keeps
+        the identity it had before gradients had kinds (stored baselines still match it)."""
         data = asdict(self)
         if data["grad_values"] == "normal":
             del data["grad_values"]
-        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return data
+
+    def to_json(self) -> str:
+        """One line of JSON (``record``)."""
+        return json.dumps(self.record(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Case:

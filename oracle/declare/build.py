@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from oracle import cases as C
 from oracle.cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, TILE_BOUNDARIES, Budget, Case, covering,
                           long_counts)
-from oracle.checks.memory import FUSE_LAST_DIM
-from oracle.declare.parts import PARAMETER_VALUES, Choice, Dim, Fixed, Integers, PerVariant
-from oracle.declare.spec import OpSpec, Programs, fill, generator, layout_last_two
+from oracle.cases.scale import row_count, rows
+from oracle.checks.memory import FUSE_HEADS, FUSE_LAST_DIM
+from oracle.declare.parts import PARAMETER_VALUES, Choice, Dim, Fixed, Integers, PerVariant, Positions
+from oracle.declare.spec import OpSpec, Programs, fill, generator, layout_bshd, layout_last_two
 from oracle.errors import DeclarationError
 
 # --- the OpSpec --------------------------------------------------------------------------------------
@@ -32,14 +33,14 @@ def build_spec(op) -> OpSpec:
         reference=op.reference, reference_reordered=op.reordered, takes_compute=_takes_compute(op.reference),
         cases=lambda budget, dtypes=FLOAT_DTYPES: _cases(op, budget, dtypes), stratified=lambda dtype, budget:
         _stratified(op, dtype, budget), make_args=lambda case, device: _make_args(op, case, device),
-        layout_args=layout_args, layout_of=layout_last_two, sweep=lambda full: _sweep(op, full),
+        layout_args=layout_args, layout_of=op.layout_of or layout_last_two, sweep=lambda full: _sweep(op, full),
         scale=lambda: _scale(op), programs=_programs(op),
         float64_cases=tuple(_float64_cases(op)), buffers_hold_outputs=dict(op.writes_into),
         may_clobber=tuple(op.may_clobber), fusion=_fusion(op, layout_args),
         error_inputs=op.error_inputs if callable(op.error_inputs) else (lambda: list(op.error_inputs)),
         regressions=tuple(_case(op, given) for given in op.regressions),
         noise=dict(op.noise), order_noise=dict(op.order_noise), summed=dict(op.summed),
-        long=lambda case: _is_long(op, case),
+        long=lambda case: _is_long(op, case), hf=op.hf,
     )
 
 
@@ -56,7 +57,9 @@ def _caller(op) -> Callable:
     names = op.arg_names
 
     def call(fn, args):
-        out = fn(*[args[n] for n in names])
+        # an error input may leave out trailing params: the callee's defaults stand
+        present = names[:next((i for i, n in enumerate(names) if n not in args), len(names))]
+        out = fn(*[args[n] for n in present])
         out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         if len(out) != len(op.outputs):
             raise TypeError(f"{op.name} returned {len(out)} value(s); the declaration names {len(op.outputs)} "
@@ -75,7 +78,10 @@ def _total(size) -> int:
 
 
 def _sized(dim: Dim, n: int):
-    """The size nearest below ``n`` that the dim allows, as a case records it (a split dim's: [n])."""
+    """The size nearest below ``n`` that the dim allows, as a case records it (a split dim's: [n]; a
+    per-row one's: one row of n)."""
+    if dim.per_row:
+        return [1, max(1, min(dim.high, n))]
     return [max(1, min(dim.high, n))] if dim.split > 1 else dim.fit(n)
 
 
@@ -96,6 +102,19 @@ def _capped(dim: Dim, size, n: int):
     while _total(size) > n and _total(_halved(dim, size)) < _total(size):
         size = _halved(dim, size)
     return list(size)
+
+
+def _related(op, sizes: dict) -> dict:
+    """Sizes that respect the dims' relations: a ``multiple_of`` size rounded down to a multiple of
+    the other's (never below it), an ``at_least`` one raised to the other's."""
+    sizes = dict(sizes)
+    for name, dim in op.dims.items():
+        if dim.multiple_of is not None:
+            other = _total(sizes[dim.multiple_of])
+            sizes[name] = max(1, sizes[name] // other) * other
+        if dim.at_least is not None:
+            sizes[name] = max(sizes[name], _total(sizes[dim.at_least]))
+    return sizes
 
 
 def _copied(sizes: dict) -> dict:
@@ -131,7 +150,7 @@ def _size(dim: Dim, high: int | None = None) -> st.SearchStrategy:
     1 to ``split`` sizes whose product is at most that. Shrinks toward the smallest."""
     high = dim.high if high is None else max(dim.fit(dim.low), min(dim.high, high))
     if dim.split > 1:
-        return _parts(dim.split, high)
+        return _parts(dim.split, high, 2 if dim.per_row else 1)
     special = [s for s in dim.special if dim.low <= s <= high]
     m = dim.multiple
     plain = st.integers(-(-dim.low // m), high // m).map(lambda k: k * m)
@@ -139,10 +158,11 @@ def _size(dim: Dim, high: int | None = None) -> st.SearchStrategy:
 
 
 @st.composite
-def _parts(draw, count: int, high: int) -> list[int]:
-    """1 to ``count`` sizes whose product is at most ``high`` (each at least 1); shrinks toward [1]."""
+def _parts(draw, count: int, high: int, least: int = 1) -> list[int]:
+    """``least`` to ``count`` sizes whose product is at most ``high`` (each at least 1); shrinks toward
+    [1] (or ``least`` ones)."""
     parts, room = [], max(1, high)
-    for _ in range(draw(st.integers(1, count))):
+    for _ in range(draw(st.integers(least, count))):
         parts.append(draw(st.integers(1, room)))
         room = max(1, room // parts[-1])
     return parts
@@ -178,12 +198,13 @@ def _cases(op, budget: Budget, dtypes) -> st.SearchStrategy[Case]:
     @st.composite
     def draw(draw):
         variant = draw(st.sampled_from(tuple(op.variants)))
-        sizes = _drawn_sizes(draw, op, budget)
+        sizes = _related(op, _drawn_sizes(draw, op, budget))
+        values = draw(st.sampled_from(op.value_kinds))
         return Case(op=op.name, variant=variant, dtype=draw(st.sampled_from(dtypes)), dims=sizes,
-                    layout=draw(st.sampled_from(layouts)), values=draw(st.sampled_from(op.value_kinds)),
+                    layout=draw(st.sampled_from(layouts)), values=values,
                     params=params_of(op, variant, lambda name, choices: draw(st.sampled_from(choices))),
                     seed=draw(C.seeds()), grad_layout=draw(st.sampled_from(grad_layouts)),
-                    grad_values=draw(st.sampled_from(grad_kinds)))
+                    grad_values=C.grad_kind_for(values, draw(st.sampled_from(grad_kinds))))
 
     return draw()
 
@@ -219,6 +240,8 @@ def _short(op, i: int) -> dict:
     for j, (name, dim) in enumerate(op.dims.items()):
         if dim.programs:
             sizes[name] = [3, 5] if dim.split > 1 else dim.fit(3)
+        elif dim.per_row:  # three rows, within one 1024-element block
+            sizes[name] = [3, _SHORT_SIZES[(i + j) % len(_SHORT_SIZES)]]
         else:
             sizes[name] = _sized(dim, _SHORT_SIZES[(i + j) % len(_SHORT_SIZES)])
     if op.programs_dim is None:  # short as _is_long measures it: at most four 1024-element blocks
@@ -229,7 +252,8 @@ def _short(op, i: int) -> dict:
 def _long(op, i: int, budget: Budget) -> dict:
     """Past the tiles: the programs dim just past a tile boundary, the others small; with no
     programs dim, every size doubled until a tensor holds more than four 1024-element blocks."""
-    sizes = {name: _sized(dim, 5 + i) for name, dim in op.dims.items()}
+    # a per-row dim: five rows past four 1024-element blocks, the last block partial
+    sizes = {name: [5, 1001 + 2 * i] if dim.per_row else _sized(dim, 5 + i) for name, dim in op.dims.items()}
     p = op.programs_dim
     if p is not None:
         sizes[p] = _sized(op.dims[p], C.long_rows(i // 2, budget))
@@ -255,17 +279,23 @@ def _gradient_axes(op) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _stratified(op, dtype: str, budget: Budget) -> list[Case]:
-    """Every variant, layout, gradient layout, kind of values and kind of incoming gradient; every
-    other case long. Variants
-    cycle (a, b, b, a) and params' choices change every second case (0, 0, 1, 1, ...), so that each
-    of two choices meets each of two variants, short and long (a float32 weight with Llama's cast)."""
+    """Every variant, layout, gradient layout and kind of values, with a normal gradient; then each
+    other kind of incoming gradient on normal values (cases.grad_kind_for); every other case long.
+    Variants cycle (a, b, b, a) and params' choices change every second case (0, 0, 1, 1, ...), so
+    that each of two choices meets each of two variants, short and long (a float32 weight with
+    Llama's cast)."""
     names = tuple(op.variants)
     cycle = tuple(names[i % len(names)] for i in (0, 1, 1, 0)) if len(names) > 1 else names
     layouts = LAYOUTS if op.layout_tensors() else ("contiguous",)
-    rows = covering(cycle, layouts, *_gradient_axes(op), op.value_kinds)
+    grad_layouts, grad_kinds = _gradient_axes(op)
+    rows = [(v, layout, g, "normal", values) for v, layout, g, values in covering(cycle, layouts, grad_layouts,
+                                                                                   op.value_kinds)]
+    others = [kind for kind in grad_kinds if kind != "normal"]
+    rows += [(cycle[(len(rows) + j) % len(cycle)], layouts[j % len(layouts)], grad_layouts[j % len(grad_layouts)],
+              kind, "normal") for j, kind in enumerate(others)]
     out = []
     for i, (variant, layout, grad_layout, grad_values, values) in enumerate(rows):
-        sizes = _long(op, i, budget) if i % 2 else _short(op, i)
+        sizes = _related(op, _long(op, i, budget) if i % 2 else _short(op, i))
         params = params_of(op, variant, lambda name, choices: choices[i // 2 % len(choices)])
         out.append(Case(op.name, variant, dtype, sizes, layout, values, params, seed=1000 + i, grad_layout=grad_layout,
                         grad_values=grad_values))
@@ -339,14 +369,14 @@ def _sweep(op, full: bool) -> list[Case]:
 
 
 def _points(op, points) -> list[Case]:
-    """A grid taken as written: per variant and dtype, one case per point (of the point's ``dtypes``,
-    where it names them), seeded in order."""
+    """A grid taken as written: per variant and dtype, one case per point (of the point's ``dtypes``
+    and ``variants``, where it names them), seeded in order."""
     out = []
     for variant in op.variants:
         for dtype in op.dtypes:
             for point in points:
-                if dtype in point.get("dtypes", op.dtypes):
-                    given = {key: value for key, value in point.items() if key != "dtypes"}
+                if dtype in point.get("dtypes", op.dtypes) and variant in point.get("variants", op.variants):
+                    given = {key: value for key, value in point.items() if key not in ("dtypes", "variants")}
                     out.append(_case(op, {**given, "variant": variant, "dtype": dtype, "seed": len(out)}))
     return out
 
@@ -382,8 +412,14 @@ def _make_args(op, case: Case, device) -> dict:
         shape, dtype = tensor.shape(case.dims), tensor.dtype_in(case.dtype, case.params)
         gen = generator(case, name)
         values = tensor.values.values[case.variant] if isinstance(tensor.values, PerVariant) else tensor.values
-        if isinstance(values, Integers):
+        if values is None:  # left out: the op's default
+            args[name] = None
+        elif isinstance(values, Integers):
             args[name] = values.make(shape, case.dims, gen, dtype).to(device)
+        elif isinstance(values, Positions):
+            args[name] = values.make(shape, case.params, gen).to(dtype).to(device)
+        elif callable(values) and _takes_params(values):
+            args[name] = values(shape, dtype, gen, torch.device(device), params=case.params)
         elif callable(values):
             args[name] = values(shape, dtype, gen, torch.device(device))
         elif values in PARAMETER_VALUES:
@@ -391,6 +427,13 @@ def _make_args(op, case: Case, device) -> dict:
         else:
             args[name] = fill(shape, dtype, case.values if values == "case" else values, gen, device)
     return args | _passed_params(op, case)
+
+
+def _takes_params(values: Callable) -> bool:
+    try:
+        return "params" in inspect.signature(values).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _passed_params(op, case: Case) -> dict:
@@ -402,6 +445,8 @@ def _passed_params(op, case: Case) -> dict:
     for name, value in op.params.items():
         if isinstance(value, PerVariant):
             out[name] = value.values[case.variant]
+        elif isinstance(value, Choice) and not value.passed:
+            continue
         else:
             out[name] = _plain(case.params[name]) if name in case.params else first[name]
     return out
@@ -431,8 +476,13 @@ def _programs(op) -> Programs | None:
     every tensor holding that dim holds it first, and so does every output. A split programs dim's
     sizes are flattened into one (an output's, as the first input holding it has its other dims)."""
     p = op.programs_dim
+    per_row = next((name for name, dim in op.dims.items() if dim.per_row), None)
+    if p is None and per_row is not None and op.scale:
+        return _row_programs(op, per_row)
     if p is None or not op.scale:
         return None
+    if op.layout_of is layout_bshd and any(p in t.dims[1:] for t in op.inputs.values()):
+        return _programs_within(op, p)
     if any(p in t.dims[1:] for t in op.inputs.values()):
         raise DeclarationError(f"op {op.name!r}: scale: the programs dim {p!r} must come first in every tensor")
     holders = {n: len(t.dims) - 1 for n, t in op.inputs.items() if t.dims[:1] == (p,)}  # name -> dims after p
@@ -455,7 +505,63 @@ def _programs(op) -> Programs | None:
                     summed_gradients=tuple("d" + n for n in op.grads if n not in holders))
 
 
+def _row_programs(op, dim: str) -> Programs:
+    """Along the rows of a per-row dim (an element-wise op's shape): every tensor holding it is that
+    shape alone, sliced alike, and so is every output."""
+    holders = {n for n, t in op.inputs.items() if dim in t.dims}
+    if any(op.inputs[n].dims != (dim,) for n in holders):
+        raise DeclarationError(f"op {op.name!r}: scale: a tensor holding the per-row dim {dim!r} holds it alone")
+
+    def size(case: Case) -> tuple[int, int]:
+        return row_count(case.dims[dim]), _largest(op, case.dims)
+
+    def args(a: dict, index: torch.Tensor) -> dict:
+        return {n: rows(v, index) if n in holders else v for n, v in a.items()}
+
+    return Programs(unit="rows", size=size, args=args, tensor=rows,
+                    summed_gradients=tuple("d" + n for n in op.grads if n not in holders))
+
+
+def _programs_within(op, p: str) -> Programs:
+    """Along a programs dim that is not every tensor's first (layout_bshd's seq, the tokens): each
+    tensor holding it sliced where it holds it, the outputs and gradients where the first holder
+    does. A tensor of positions left out is made explicit first (0..seq-1 in every row), as the
+    slice would lose what it stands for."""
+    where = {n: t.dims.index(p) for n, t in op.inputs.items() if p in t.dims}
+    if op.dims[p].split > 1:
+        raise DeclarationError(f"op {op.name!r}: scale: a programs dim {p!r} that is not first cannot split")
+    first = next(iter(where.values()))
+
+    def size(case: Case) -> tuple[int, int]:
+        return case.dims[p], _largest(op, case.dims)
+
+    def args(a: dict, index: torch.Tensor) -> dict:
+        a = {n: _explicit_positions(op, n, a) if a[n] is None and n in where else v for n, v in a.items()}
+        return {n: v.index_select(where[n], index.to(v.device)) if n in where and v is not None else v
+                for n, v in a.items()}
+
+    return Programs(unit=op.dims[p].programs if isinstance(op.dims[p].programs, str) else p, size=size, args=args,
+                    tensor=lambda t, index: t.index_select(first, index.to(t.device)))
+
+
+def _explicit_positions(op, name: str, a: dict) -> torch.Tensor | None:
+    """The positions a left-out (batch, seq) tensor of ``Positions`` stands for, sized from a tensor
+    given beside it that holds both dims; None for any other left-out tensor."""
+    values = op.inputs[name].values
+    kinds = values.values.values() if isinstance(values, PerVariant) else (values,)
+    if not any(isinstance(k, Positions) for k in kinds):
+        return None
+    batch, seq = op.inputs[name].dims
+    holder = next(n for n, t in op.inputs.items() if a.get(n) is not None and batch in t.dims and seq in t.dims)
+    dims = op.inputs[holder].dims
+    return Positions.default(a[holder].shape[dims.index(batch)], a[holder].shape[dims.index(seq)], a[holder].device)
+
+
 def _fusion(op, layout_args: tuple[str, ...]):
-    """Column blocks of one buffer, where the layout tensors share every dim but the last."""
+    """Column blocks of one buffer, where the layout tensors share every dim but the last; with
+    layout_bshd, heads of one fused QKV projection, where they share every dim but the heads."""
     leading = {op.inputs[n].dims[:-1] for n in layout_args}
+    if op.layout_of is layout_bshd:
+        beside_heads = {op.inputs[n].dims[:1] + op.inputs[n].dims[2:] for n in layout_args}
+        return FUSE_HEADS if layout_args and len(beside_heads) == 1 else None
     return FUSE_LAST_DIM if layout_args and len(leading) == 1 else None

@@ -48,14 +48,14 @@ import torch
 from oracle.cases import FLOAT_DTYPES, GRAD_KINDS, VALUE_KINDS
 from oracle.declare.build import build_spec
 from oracle.declare.parts import (PARAMETER_VALUES, Choice, Dim, DtypeChoice, Fixed, Integers, PerVariant,  # noqa: F401
-                                  Tensor)
+                                  Positions, Tensor)
 from oracle.declare.spec import OpSpec
 from oracle.declare.validate import LISTED_FIELDS, validate
 from oracle.errors import DeclarationError  # noqa: F401 - raised here, and where its users look for it
 
 # The declaration API, which ``oracle`` re-exports; the rest is internal.
-__all__ = ["PARAMETER_VALUES", "Choice", "Dim", "DtypeChoice", "Fixed", "Integers", "Op", "PerVariant", "Tensor",
-           "call_module", "from_module"]
+__all__ = ["PARAMETER_VALUES", "Choice", "Dim", "DtypeChoice", "Fixed", "Integers", "Op", "PerVariant", "Positions",
+           "Tensor", "call_module", "from_module"]
 
 # Kinds of values beside the case's own (cases.VALUE_KINDS): what parameters usually look like.
 @dataclass(frozen=True, eq=False)
@@ -80,7 +80,8 @@ class Op:
       a tuple of dicts giving every dim's size: ``sweep=({"rows": 7, "cols": 7}, {"rows": 24, "cols":
       1000})`` (default: derived from the dims; ``full_sweep`` falls back to ``sweep``; no scale grid).
       A grid of points (dicts with ``"dims"``, and any of ``layout``, ``values``, ``params``,
-      ``grad_layout``, ``dtypes``) is taken as written: one case per point, variant and dtype;
+      ``grad_layout``, ``dtypes``, ``variants``) is taken as written: one case per point, variant and
+      dtype (of those the point names);
     - ``noise``, ``order_noise``, ``summed``, ``reordered``: a hand-written noise model (per compared
       tensor, and the part of it another order moves), the sums among the compared tensors
       (OpSpec.summed) and a reordered reference, where one is tighter than the derived ones
@@ -90,7 +91,13 @@ class Op:
       the float64 cases of gradcheck (default: one small one per variant); each a dict of
       ``variant``, ``dtype`` (not for float64 cases), ``dims``, ``layout``, ``values``, ``params``,
       ``seed``, ``grad_layout``, of which ``dims`` is needed;
-    - ``summary``: one line for tables.
+    - ``summary``: one line for tables;
+    - ``layout_of``: how a case's layout places a tensor (oracle/declare/spec.py): by default
+      ``layout_last_two`` ('transposed' stores the last dim outermost); ``layout_bshd`` for
+      (batch, heads, seq, head_dim) tensors, whose 'transposed' is HF's (batch, seq, heads,
+      head_dim) storage and whose layout tensors may be heads of one fused QKV projection;
+    - ``hf``: HF's maths as the contract's callable (``--impl hf``), where the reference is not one: a
+      raw kernel's, outside autograd or writing into its buffers (default: the reference itself).
     """
 
     name: str
@@ -117,6 +124,8 @@ class Op:
     regressions: tuple = ()
     float64_cases: tuple = ()
     summary: str = ""
+    layout_of: Callable | None = None
+    hf: Callable | None = None
 
     def __post_init__(self):
         if isinstance(self.variants, (tuple, list)) and all(isinstance(v, str) for v in self.variants):
@@ -142,7 +151,8 @@ class Op:
 
     @property
     def arg_names(self) -> tuple[str, ...]:
-        return tuple(self.inputs) + tuple(self.params)
+        """The reference's arguments: the inputs, then the params it is passed (not a Choice(passed=False))."""
+        return tuple(self.inputs) + tuple(n for n, v in self.params.items() if getattr(v, "passed", True))
 
     @property
     def grads(self) -> tuple[str, ...]:

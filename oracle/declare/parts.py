@@ -23,12 +23,16 @@ PARAMETER_VALUES = {
 @dataclass(frozen=True, init=False)
 class Choice:
     """A param drawn per case among ``values``: ``params={"eps": Choice(1e-5, 1e-6)}``. The
-    report's grid takes the first value and its large-values case the last."""
+    report's grid takes the first value and its large-values case the last. ``passed=False``: the
+    case records it, and the reference is not given it (what a tensor's values are made from: a
+    rotary table's base, ``Choice(10000.0, 500000.0, passed=False)``)."""
 
     values: tuple
+    passed: bool = field(default=True, repr=False)  # a Choice's repr reads as it is usually written
 
-    def __init__(self, *values):
+    def __init__(self, *values, passed: bool = True):
         object.__setattr__(self, "values", tuple(values))
+        object.__setattr__(self, "passed", passed)
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,14 @@ class Dim:
     - ``multiple``: every size is a multiple of it (a head dim that is rotated in halves: 2);
     - ``split``: up to this many sizes whose product is the dim's size (RMSNorm's one to three
       leading dims, whose product is the row count). A tensor naming the dim holds each of them as a
-      dim of its own; the case records the list (``{"lead": [2, 3]}``), and grids give one.
+      dim of its own; the case records the list (``{"lead": [2, 3]}``), and grids give one;
+    - ``multiple_of``: another dim's name; every drawn size is a multiple of that dim's size (Q's
+      heads of K's kv heads: grouped-query attention), rounded down to it and never below it;
+    - ``at_least``: another dim's name; every drawn size is at least that dim's size (a rotary
+      table's rows, at least the sequence's tokens);
+    - ``per_row``: a split dim that is a whole shape, rows by columns (an element-wise op's
+      ``{"shape": [4, 999]}``): two sizes or more, every one but the last counting rows. Cases at
+      scale are judged on a slice of its rows, each its own program.
     """
 
     low: int = 1
@@ -89,6 +100,9 @@ class Dim:
     programs: bool | str = False
     multiple: int = 1
     split: int = 1
+    multiple_of: str | None = None
+    at_least: str | None = None
+    per_row: bool = False
 
     def fit(self, n: int) -> int:
         """The size nearest below ``n`` that the dim allows (at least its smallest)."""
@@ -115,6 +129,45 @@ class Integers:
 
 
 @dataclass(frozen=True)
+class Positions:
+    """Position ids of packed sequences, shape (batch, seq): per row, positions restarting at 0 at
+    random segment boundaries, different in every row (several documents in one row, as packed
+    training makes them). ``whole_first_row``: a case param which, where a case records it as
+    ``"one document"``, makes the first row one document 0..seq-1 (positions that reach the last
+    row of a table as long as the sequence). A case slice (scale) of a tensor of positions left
+    out (``None``: the op's default) takes them as 0..seq-1 in every row."""
+
+    whole_first_row: str | None = None
+
+    def make(self, shape, params: dict, gen: torch.Generator) -> torch.Tensor:
+        batch, seq = shape
+        positions = torch.stack([_packed_row(seq, gen) for _ in range(batch)]) if batch else \
+            torch.zeros(0, seq, dtype=torch.int64)
+        if self.whole_first_row is not None and params.get(self.whole_first_row) == "one document":
+            positions[0] = torch.arange(seq)
+        return positions
+
+    @staticmethod
+    def default(batch: int, seq: int, device) -> torch.Tensor:
+        """The positions a left-out tensor stands for: 0..seq-1 in every row."""
+        return torch.arange(seq, device=device).expand(batch, -1)
+
+
+def _packed_row(seq: int, gen: torch.Generator) -> torch.Tensor:
+    """One row: cuts drawn among the seq - 1 places between tokens, positions counted from each."""
+    n_cuts = int(torch.randint(0, max(1, seq // 2) + 1, (1,), generator=gen))
+    cuts = torch.randperm(max(1, seq - 1), generator=gen)[:n_cuts] + 1 if seq > 1 else \
+        torch.tensor([], dtype=torch.int64)
+    starts = torch.zeros(seq, dtype=torch.int64)
+    starts[cuts[cuts < seq]] = 1
+    segment = starts.cumsum(0)
+    index = torch.arange(seq)
+    first_of_segment = torch.zeros(int(segment.max()) + 1, dtype=torch.int64).scatter_reduce(
+        0, segment, index, reduce="amin", include_self=False)
+    return index - first_of_segment[segment]
+
+
+@dataclass(frozen=True)
 class Tensor:
     """One tensor argument.
 
@@ -125,8 +178,10 @@ class Tensor:
       dtype holds in every case but the float64 ones, where every floating input is float64
       (gradcheck's finite differences need it);
     - ``values``: ``"case"`` (the case's kind: normal, large, tiny, zero_rows, outliers, nonfinite),
-      one kind always, a parameter's kind (PARAMETER_VALUES), an ``Integers``, a callable
-      ``(shape, dtype, generator, device) -> tensor``, or a ``PerVariant`` of those. The named kinds
+      one kind always, a parameter's kind (PARAMETER_VALUES), an ``Integers``, ``Positions``, a
+      callable ``(shape, dtype, generator, device) -> tensor`` (one that also takes ``params`` is
+      given the case's recorded params: a table the params say how to compute), ``None`` (the
+      argument is left out: passed as None), or a ``PerVariant`` of those. The named kinds
       are floating values: an integer or boolean tensor takes an ``Integers`` or a callable;
     - ``layout``: whether it is placed in the case's layout (contiguous, transposed, offset, strided);
       default: floating tensors of two or more dims.

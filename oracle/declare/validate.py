@@ -7,8 +7,8 @@ import keyword
 
 from oracle.cases import FLOAT_DTYPES, GRAD_KINDS, GRAD_LAYOUTS, LAYOUTS, VALUE_KINDS
 from oracle.declare.build import params_of
-from oracle.declare.parts import (PARAMETER_VALUES, Choice, Dim, DtypeChoice, Integers, PerVariant, Tensor,
-                                  torch_dtype)
+from oracle.declare.parts import (PARAMETER_VALUES, Choice, Dim, DtypeChoice, Integers, PerVariant, Positions,
+                                  Tensor, torch_dtype)
 from oracle.errors import DeclarationError
 
 # --- validation: the first problem, naming the field ---------------------------------------------
@@ -133,7 +133,10 @@ def _validate_values(op, name: str, tensor: Tensor, values, fail) -> None:
                                                  f"({', '.join(op.dims) or 'none declared'})")
             if not isinstance(bound, (str, int)) or isinstance(bound, bool):
                 fail(f"inputs[{name!r}].values", f"Integers bounds are ints or dims' names, got {bound!r}")
-    elif not callable(values):
+    elif isinstance(values, Positions):
+        if len(tensor.dims) != 2 or tensor.floating:
+            fail(f"inputs[{name!r}].values", "Positions are a (batch, seq) tensor of an integer dtype")
+    elif values is not None and not callable(values):
         fail(f"inputs[{name!r}].values", f"must be a kind's name, an Integers or a callable, got "
                                          f"{type(values).__name__} {values!r}")
 
@@ -154,8 +157,16 @@ def _validate_dims(op, fail) -> None:
         if dim.split > 1 and (dim.low != 1 or dim.multiple != 1):
             fail(f"dims[{name!r}]", f"a split dim takes low=1 and multiple=1 (each of its sizes is any size >= 1), "
                                     f"got low={dim.low} multiple={dim.multiple}")
+        if dim.per_row and (dim.split < 2 or dim.programs):
+            fail(f"dims[{name!r}]", f"per_row needs split >= 2 (rows, then columns) and no programs, got "
+                                    f"split={dim.split!r} programs={dim.programs!r}")
         if not isinstance(dim.programs, (bool, str)):
             fail(f"dims[{name!r}]", f"programs must be True, False or what a program is called, got {dim.programs!r}")
+    for name, dim in op.dims.items():
+        for relation in ("multiple_of", "at_least"):
+            other = getattr(dim, relation)
+            if other is not None and (other not in op.dims or other == name):
+                fail(f"dims[{name!r}]", f"{relation}={other!r} must name another dim ({', '.join(op.dims)})")
     if sum(bool(dim.programs) for dim in op.dims.values()) > 1:
         fail("dims", "at most one Dim counts programs")
 
@@ -168,6 +179,8 @@ def _validate_params(op, fail) -> None:
             fail(f"params[{name!r}]", "must be an identifier that is not also an input")
         if isinstance(value, Choice) and not value.values:
             fail(f"params[{name!r}]", "Choice() needs at least one value to draw")
+        if isinstance(value, Choice) and not isinstance(value.passed, bool):
+            fail(f"params[{name!r}]", f"Choice's passed must be True or False, got {value.passed!r}")
         if isinstance(value, tuple) and len(value) < 2:
             fail(f"params[{name!r}]", f"the bare tuple {value!r} is ambiguous (a bare tuple reads as a choice "
                                       f"among its values): write Fixed({value!r}) to pass the tuple itself, or "
@@ -234,11 +247,11 @@ def _validate_grid(op, grid: str, fail) -> None:
         if isinstance(entry, dict) and "dims" in entry:
             _validate_point(op, grid, entry, fail)
         _validate_sizes(op, grid, sizes, fail)
-    if grid == "scale" and entries and op.programs_dim is None:
+    if grid == "scale" and entries and op.programs_dim is None and not any(d.per_row for d in op.dims.values()):
         fail("scale", "a scale grid needs a Dim with programs=True to judge it on a slice")
 
 
-_POINT_KEYS = ("dims", "layout", "values", "params", "grad_layout", "grad_values", "dtypes")
+_POINT_KEYS = ("dims", "layout", "values", "params", "grad_layout", "grad_values", "dtypes", "variants")
 
 
 def _validate_point(op, grid: str, point: dict, fail) -> None:
@@ -248,6 +261,8 @@ def _validate_point(op, grid: str, point: dict, fail) -> None:
     _validate_case_fields(op, grid, point, fail)
     if "dtypes" in point and not set(point["dtypes"]) <= set(op.dtypes):
         fail(grid, f"a point's dtypes must be some of the op's ({', '.join(op.dtypes)}), got {point['dtypes']!r}")
+    if "variants" in point and not set(point["variants"]) <= set(op.variants):
+        fail(grid, f"a point's variants must be some of the op's ({', '.join(op.variants)}), got {point['variants']!r}")
 
 
 def _validate_case_fields(op, where: str, given: dict, fail) -> None:
@@ -257,10 +272,17 @@ def _validate_case_fields(op, where: str, given: dict, fail) -> None:
                          ("variant", tuple(op.variants)), ("dtype", op.dtypes)):
         if key in given and given[key] not in allowed:
             fail(where, f"{key} must be one of {', '.join(allowed)}, got {given[key]!r}")
-    recorded = set(params_of(op, next(iter(op.variants)), lambda name, choices: choices[0]))
+    recorded = set(params_of(op, next(iter(op.variants)), lambda name, choices: choices[0])) | _read_by_values(op)
     stray = set(given.get("params", {})) - recorded
     if stray:
         fail(where, f"params names {sorted(stray)}, which the case does not record ({', '.join(sorted(recorded))})")
+
+
+def _read_by_values(op) -> set[str]:
+    """Params a case may record for its tensors' values alone (Positions' whole_first_row)."""
+    kinds = [k for t in op.inputs.values() if isinstance(t, Tensor)
+             for k in (t.values.values.values() if isinstance(t.values, PerVariant) else (t.values,))]
+    return {k.whole_first_row for k in kinds if isinstance(k, Positions) and k.whole_first_row is not None}
 
 
 def _validate_sizes(op, grid: str, sizes, fail) -> None:
@@ -274,7 +296,8 @@ def _validate_sizes(op, grid: str, sizes, fail) -> None:
 
 def _is_size(dim: Dim, size) -> bool:
     if dim.split > 1:
-        return isinstance(size, list) and 1 <= len(size) <= dim.split and all(_is_size(Dim(), s) for s in size)
+        least = 2 if dim.per_row else 1  # a per-row dim: rows, then columns
+        return isinstance(size, list) and least <= len(size) <= dim.split and all(_is_size(Dim(), s) for s in size)
     return isinstance(size, int) and not isinstance(size, bool) and size >= 1 and size % dim.multiple == 0
 
 
@@ -290,6 +313,8 @@ def _validate_noise(op, fail) -> None:
     if op.noise and set(op.noise) != compared:
         fail("noise", f"a hand-written model covers every compared tensor ({', '.join(sorted(compared))}), got "
                       f"{', '.join(sorted(op.noise))}")
+    if op.hf is not None and not callable(op.hf):
+        fail("hf", f"must be callable or None, got {type(op.hf).__name__}")
     if op.reordered is not None and not callable(op.reordered):
         fail("reordered", f"must be callable or None, got {type(op.reordered).__name__}")
     if not callable(op.error_inputs) and not isinstance(op.error_inputs, (tuple, list)):

@@ -110,7 +110,7 @@ class CaseResult:
         return repro_command(self.case, self.impl)
 
     def to_dict(self) -> dict:
-        return {"case": asdict(self.case), "impl": self.impl, "status": self.status,
+        return {"case": self.case.record(), "impl": self.impl, "status": self.status,
                 "verdicts": [v.to_dict() for v in self.verdicts], "findings": [asdict(f) for f in self.findings],
                 "error": self.error, "seconds": self.seconds, "repro": self.repro, "configs": self.configs,
                 "explain": self.explain()}

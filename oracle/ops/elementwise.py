@@ -1,6 +1,6 @@
-"""What gated element-wise MLP ops (SwiGLU, GeGLU, ...) share on the harness's side: drawing their
-cases, making their arguments, the report's grid, bad inputs, and HF's maths for the raw kernels'
-contract (a new h; or h, df, de written into DW, e, g). An op module builds its specs from these.
+"""What gated element-wise MLP ops (SwiGLU, GeGLU, ...) share on the harness's side: their shape and
+tensors, the report's and the scale grids, float64 cases, bad inputs, and HF's maths for the raw
+kernels' contract (a new h; or h, df, de written into DW, e, g). An op module declares its ops with these.
 """
 
 from __future__ import annotations
@@ -10,13 +10,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from hypothesis import strategies as st
 
-from oracle import cases as C
-from oracle.cases import (FLOAT_DTYPES, GRAD_KINDS, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering, grad_kinds,
-                          grad_layouts, layouts, seeds)
-from oracle.cases.scale import row_count, rows
-from oracle.declare.spec import DTYPES, ErrorInput, Programs, fill, generator
+from oracle import Dim, ErrorInput, Tensor
 
 
 def lora_backward(forward: Callable, DW, e, g, compute=None):
@@ -70,104 +65,44 @@ def raw_backward_into_buffers(reference: Callable, name: str) -> Callable:
     return backward
 
 
-@st.composite
-def elementwise_cases(draw, budget: Budget, op: str, autograd: bool, dtypes=FLOAT_DTYPES,
-                      variants: tuple[str, ...] = ("default",)) -> Case:
-    """Element-wise cases, 2-D or 3-D, element counts around the 1024-element block. Raw kernels
-    (``autograd`` False) are flat by contract and have no backward of their own: contiguous only."""
-    limit = min(budget.elements, budget.programs * 1024)
-    total = min(limit, draw(st.one_of(st.sampled_from((1, 3, 1023, 1024, 1025, 4097)), st.integers(1, limit))))
-    rank = draw(st.sampled_from((2, 3)))
-    cols = draw(st.integers(1, total))
-    rows = max(1, total // cols)
-    shape = [rows, cols] if rank == 2 else [max(1, rows // 2), min(rows, 2), cols]
-    raw = not autograd
-    return Case(
-        op=op, variant=draw(st.sampled_from(variants)), dtype=draw(st.sampled_from(dtypes)), dims={"shape": shape},
-        layout="contiguous" if raw else draw(layouts()),
-        values=draw(st.sampled_from(("normal", "large", "tiny", "outliers", "nonfinite"))), params={},
-        seed=draw(seeds()), grad_layout="contiguous" if raw else draw(grad_layouts()),
-        grad_values="normal" if raw else draw(grad_kinds()),
-    )
+# --- what their declarations share ---------------------------------------------------------------
+
+# The tensors' one shape, two or three sizes, rows by columns; the budget caps what is drawn.
+SHAPE = {"shape": Dim(1, 2**24, split=3, per_row=True)}
+# Every kind of values but zero rows: an element-wise op reduces no row, so a zero row is only zeros.
+VALUE_KINDS = ("normal", "large", "tiny", "outliers", "nonfinite")
 
 
-def elementwise_stratified(op: str, autograd: bool,
-                           variants: tuple[str, ...] = ("default",)) -> Callable[[str, Budget], list[Case]]:
-    """Every variant, kind of values (and, for an autograd op, every layout, gradient layout and kind
-    of incoming gradient);
-    every other case past four 1024-element blocks with a partial last block."""
-    # variants cycle as (a, b, b, a) so that each is drawn both short and long
-    cycle = tuple(variants[i % len(variants)] for i in (0, 1, 1, 0)) if len(variants) > 1 else variants
-
-    def stratified(dtype: str, budget: Budget) -> list[Case]:
-        raw = not autograd
-        rows = covering(cycle, ("contiguous",) if raw else LAYOUTS, ("contiguous",) if raw else GRAD_LAYOUTS,
-                        ("normal",) if raw else GRAD_KINDS, ("normal", "large", "tiny", "outliers", "nonfinite"))
-        return [Case(op, variant, dtype, {"shape": [5, 1001] if i % 2 else [3, 257]}, layout, values, {},
-                     seed=1000 + i, grad_layout=grad_layout, grad_values=grad_values)
-                for i, (variant, layout, grad_layout, grad_values, values) in enumerate(rows)]
-
-    return stratified
+def sweep(full: bool, autograd: bool) -> tuple[dict, ...]:
+    """The report's grid: a single element to Llama-3-8B's MLP width; an autograd op's 2-D shapes
+    of several rows also transposed, with strided gradients; and large values past the medium."""
+    shapes = [[1, 1], [3, 1000], [2, 3, 1025], [64, 4097]] if not full else \
+        [[1, 1], [3, 1000], [2, 3, 1025], [1024, 4097], [16, 256, 1024], [4096, 14336]]
+    points = []
+    for shape in shapes:
+        transposed = autograd and len(shape) == 2 and shape[0] > 1
+        points.append({"dims": {"shape": shape}} | ({"layout": "transposed", "grad_layout": "strided"}
+                                                     if transposed else {}))
+    return (*points, {"dims": {"shape": [4, 999]}, "values": "large"})
 
 
-def elementwise_args(names: tuple[str, ...],
-                     options: Callable[[Case], dict] = lambda case: {}) -> Callable[[Case, torch.device], dict]:
-    """The tensors ``names`` in the case's kind of values, and the op's other arguments ``options(case)``
-    (GeGLU's approximation, from the variant)."""
-    def make(case: Case, device) -> dict:
-        dtype = DTYPES[case.dtype]
-        shape = tuple(case.dims["shape"])
-        # DW is an incoming gradient: plain normal values whatever the case's kind.
-        return {name: fill(shape, dtype, "normal" if name == "DW" else case.values, generator(case, name), device)
-                for name in names} | options(case)
-
-    return make
+# The scale grid: Llama-3-8B's MLP width (14336) at just past 2^31 elements in 16-bit, where a 32-bit
+# element offset wraps (about 2^30 in float32: see rms_norm's _SCALE_SHAPES).
+SCALE = ({"dims": {"shape": [2**30 // 14336 + 1, 14336]}, "dtypes": ("float32",)},
+         {"dims": {"shape": [2**31 // 14336 + 1, 14336]}, "dtypes": ("float16", "bfloat16")})
 
 
-def elementwise_sweep(op: str, autograd: bool,
-                      variants: tuple[str, ...] = ("default",)) -> Callable[[bool], list[Case]]:
-    """The report's grid, per variant; an autograd op also transposed, with strided gradients."""
-    def sweep(full: bool) -> list[Case]:
-        shapes = [[1, 1], [3, 1000], [2, 3, 1025], [64, 4097]] if not full else \
-            [[1, 1], [3, 1000], [2, 3, 1025], [1024, 4097], [16, 256, 1024], [4096, 14336]]
-        out = []
-        for variant in variants:
-            for dtype in C.FLOAT_DTYPES:
-                for shape in shapes:
-                    layout = "transposed" if (autograd and len(shape) == 2 and shape[0] > 1) else "contiguous"
-                    grad_layout = "strided" if layout == "transposed" else "contiguous"
-                    out.append(Case(op, variant, dtype, {"shape": shape}, layout, "normal", {}, seed=len(out),
-                                    grad_layout=grad_layout))
-                out.append(Case(op, variant, dtype, {"shape": [4, 999]}, "contiguous", "large", {}, seed=len(out)))
-        return out
-
-    return sweep
+def float64_cases(autograd: bool, variants: tuple[str, ...] = ("default",)) -> tuple[dict, ...]:
+    """One small case per variant: an autograd op's transposed, a raw kernel's (flat by contract)
+    contiguous with outliers."""
+    layout = {"layout": "transposed"} if autograd else {"values": "outliers"}
+    return tuple({"variant": variant, "dims": {"shape": [3, 7]}, "seed": 1} | layout for variant in variants)
 
 
-def elementwise_scale(op: str, variants: tuple[str, ...] = ("default",)) -> Callable[[], list[Case]]:
-    """The scale grid: Llama-3-8B's MLP width (14336) at just past 2^31 elements in 16-bit, where a
-    32-bit element offset wraps (about 2^30 in float32: see rms_norm's _SCALE_SHAPES)."""
-    def scale() -> list[Case]:
-        out = []
-        for variant in variants:
-            for dtype in C.FLOAT_DTYPES:
-                rows = (2**30 if dtype == "float32" else 2**31) // 14336 + 1
-                out.append(Case(op, variant, dtype, {"shape": [rows, 14336]}, "contiguous", "normal", {},
-                                seed=len(out)))
-        return out
-
-    return scale
-
-
-def _elementwise_size(case: Case) -> tuple[int, int]:
-    shape = case.dims["shape"]
-    return row_count(shape), math.prod(shape)
-
-
-# Every row is its own program: each tensor argument and compared tensor is sliced alike.
-PROGRAMS = Programs(unit="rows", size=_elementwise_size,
-                    args=lambda a, index: {n: rows(v, index) if isinstance(v, torch.Tensor) else v for n, v in a.items()},
-                    tensor=rows)
+def tensors(*names: str, autograd: bool) -> dict[str, Tensor]:
+    """The op's tensors, all of the one shape: an autograd op's in the case's layout; a raw kernel's
+    contiguous (flat by contract). DW is an incoming gradient: normal values whatever the case's kind."""
+    return {name: Tensor("shape", values="normal" if name == "DW" else "case", layout=autograd) for name in names}
 
 
 def elementwise_errors(names: tuple[str, ...], raw: bool) -> Callable[[], list[ErrorInput]]:

@@ -1,25 +1,22 @@
-"""Rotary position embedding (plain and packed positions): HF's maths, its cases, its noise model,
-its spec and its benchmark.
+"""Rotary position embedding (plain and packed positions): HF's maths, its declaration, its bad inputs
+and its benchmark.
 
-Everything the harness knows about this op is here (docs/design.md §6).
+Everything the harness knows about this op is here (docs/design.md §6); its hand-written noise model
+is rope_noise.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
-from hypothesis import strategies as st
 
-from oracle import cases as C
-from oracle.cases import (FLOAT_DTYPES, GRAD_KINDS, GRAD_LAYOUTS, LAYOUTS, Budget, Case, covering, grad_kinds,
-                          grad_layouts, is_long, layouts, long_counts, long_rows, seeds)
-from oracle.checks.memory import FUSE_HEADS
-from oracle.declare.reference import mirrors
-from oracle.declare.spec import (DTYPES, ErrorInput, OpSpec, Programs, fill, generator, layout_bshd, rounding_error, wide)
+from oracle import Choice, Dim, DtypeChoice, ErrorInput, Op, PerVariant, Tensor
 from oracle.bench.workload import Bench, checkout_kernels, Peers, Workload, compiled, instantiate, randn_cuda, vendor_peers
-
+from oracle.declare.parts import Positions
+from oracle.declare.reference import mirrors
+from oracle.declare.spec import layout_bshd
+from oracle.ops.rope_noise import NOISE
 
 # --- HF's maths -----------------------------------------------------------------------------------
 
@@ -113,189 +110,72 @@ def rope_reordered(Q, K, cos, sin, position_ids=None, compute=torch.float32):
     return tuple((x.to(wide) * c + rotate_half(x.to(wide)) * s).to(x.dtype) for x in (Q, K))
 
 
-# --- cases ----------------------------------------------------------------------------------------
-
-
-@st.composite
-def rope_cases(draw, budget: Budget, dtypes=FLOAT_DTYPES) -> Case:
-    """RoPE cases: GQA ratios, n_heads not a multiple of 4 or 8, head_dim 80/96, packed positions.
-    Programs are tokens x groups of heads. In the long regime, sequences past 64, 128 and 256 tokens
-    of few, small heads."""
-    head_dim = draw(st.sampled_from((2, 8, 16, 64, 80, 96, 128, 6, 10, 256)))
-    kv_heads = draw(st.integers(1, 4))
-    n_heads = kv_heads * draw(st.sampled_from((1, 2, 3, 4, 5, 8)))
-    batch = draw(st.integers(1, 3))
-    if draw(is_long()):
-        batch, seq = 1, draw(long_counts(budget))
-        head_dim = draw(st.sampled_from((2, 8, 16, 6, 10)))
-        n_heads = min(n_heads, max(kv_heads, budget.long_elements // (seq * head_dim) // kv_heads * kv_heads))
-    else:
-        groups = -(-n_heads // 4)
-        room = min(budget.programs // (batch * groups), budget.elements // (batch * n_heads * head_dim))
-        seq = draw(st.integers(1, max(1, room)))
-    variant = draw(st.sampled_from(("plain", "packed")))
-    return Case(
-        op="rope", variant=variant, dtype=draw(st.sampled_from(dtypes)),
-        dims={"batch": batch, "heads": n_heads, "kv_heads": kv_heads, "seq": seq, "head_dim": head_dim,
-              "max_pos": seq + draw(st.integers(0, 64))},
-        layout=draw(layouts()), values=draw(st.sampled_from(("normal", "large", "tiny", "outliers", "nonfinite"))),
-        params={"theta": draw(st.sampled_from((10000.0, 500000.0, 1e6))),
-                "rope_type": draw(st.sampled_from(("default", "linear", "llama3"))),
-                "table": draw(st.sampled_from(("float32", "model")))},
-        seed=draw(seeds()), grad_layout=draw(grad_layouts()), grad_values=draw(grad_kinds()),
-    )
-
-
-def rope_stratified(dtype: str, budget: Budget) -> list[Case]:
-    """Every variant, layout, gradient layout, kind of incoming gradient and kind of values; GQA with a
-    head count that is not a multiple of the head group; every other case a long sequence (past 64,
-    128, 256 tokens)."""
-    out = []
-    rows = covering(("plain", "packed", "packed", "plain"), LAYOUTS, GRAD_LAYOUTS, GRAD_KINDS,
-                    ("normal", "large", "tiny", "outliers", "nonfinite"))
-    for i, (variant, layout, grad_layout, grad_values, values) in enumerate(rows):
-        if i % 2:
-            dims = {"batch": 1, "heads": 3, "kv_heads": 1, "seq": long_rows(i // 2, budget), "head_dim": 8}
-        else:
-            dims = {"batch": 2, "heads": 6, "kv_heads": 2, "seq": 5, "head_dim": (80, 16, 64)[i // 2 % 3]}
-        dims["max_pos"] = dims["seq"] + 9
-        out.append(Case("rope", variant, dtype, dims, layout, values,
-                        {"theta": 10000.0, "rope_type": ("default", "llama3", "linear")[i % 3],
-                         "table": ("float32", "model")[i // 2 % 2]}, seed=1000 + i, grad_layout=grad_layout,
-                        grad_values=grad_values))
-    return out
-
-
-# --- arguments, noise model, report grid, bad inputs ----------------------------------------------
+# --- the tensors: rotary tables computed as HF does, packed positions ----------------------------
 
 
 _ROPE_SCALING = {"default": {}, "linear": {"factor": 4.0},
                  "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                             "original_max_position_embeddings": 16}}
 
+PACKED = Positions(whole_first_row="first_row")
+
 
 def packed_positions(batch: int, seq: int, gen: torch.Generator) -> torch.Tensor:
     """Per row, positions restarting at 0 at random segment boundaries, different in every row."""
-    rows = []
-    for _ in range(batch):
-        n_cuts = int(torch.randint(0, max(1, seq // 2) + 1, (1,), generator=gen))
-        cuts = torch.randperm(max(1, seq - 1), generator=gen)[:n_cuts] + 1 if seq > 1 else torch.tensor([], dtype=torch.int64)
-        starts = torch.zeros(seq, dtype=torch.int64)
-        starts[cuts[cuts < seq]] = 1
-        segment = starts.cumsum(0)
-        index = torch.arange(seq)
-        first_of_segment = torch.zeros(int(segment.max()) + 1, dtype=torch.int64).scatter_reduce(
-            0, segment, index, reduce="amin", include_self=False)
-        rows.append(index - first_of_segment[segment])
-    return torch.stack(rows)
+    return PACKED.make((batch, seq), {}, gen)
 
 
-def _rope_args(case: Case, device) -> dict:
-    d = case.dims
-    dtype = DTYPES[case.dtype]
-    Q = fill((d["batch"], d["heads"], d["seq"], d["head_dim"]), dtype, case.values, generator(case, "Q"), device)
-    K = fill((d["batch"], d["kv_heads"], d["seq"], d["head_dim"]), dtype, case.values, generator(case, "K"), device)
-    table_dtype = dtype if case.params.get("table") == "model" else torch.float32
-    rope_type = case.params.get("rope_type", "default")
-    cos, sin = rotary_table(d["max_pos"], d["head_dim"], case.params.get("theta", 10000.0), rope_type,
-                              dtype=table_dtype, **_ROPE_SCALING[rope_type])
-    positions = None
-    if case.variant == "packed":
-        positions = packed_positions(d["batch"], d["seq"], generator(case, "position_ids"))
-        if case.params.get("first_row") == "one document":  # as long as the table: its last row is used
-            positions[0] = torch.arange(d["seq"])
-        positions = positions.to(device)
-    return {"Q": Q, "K": K, "cos": cos.to(device), "sin": sin.to(device), "position_ids": positions}
+def _table(which: int):
+    """The cos (0) or sin (1) table of a case's theta and rope_type, as HF computes it. In the
+    table's dtype: the model's, or float32, which stays float32 in float64 cases too (gradcheck
+    differentiates Q and K; the table is a model's constant)."""
+    def make(shape, dtype, gen, device, params):
+        max_pos, head_dim = shape
+        table_dtype = dtype if params.get("table") == "model" else torch.float32
+        rope_type = params.get("rope_type", "default")
+        tables = rotary_table(max_pos, head_dim, params.get("theta", 10000.0), rope_type, dtype=table_dtype,
+                              **_ROPE_SCALING[rope_type])
+        return tables[which].to(device)
+
+    return make
 
 
-def _rope_noise(tensor: str, backward: bool) -> Callable[[dict, dict], torch.Tensor]:
-    """HF rotates in the model dtype d: the table rows are rounded to d, each of the two products
-    x c and rotate_half(x) s is rounded to d, then their sum (the final rounding, ulp(t)). So the
-    noise is 2 u_d at the scale of the two products, which is what lets an output that is a small
-    difference of two large products differ from the truth by their rounding. Backward is the same
-    rotation with -sin applied to the incoming gradient."""
-    def noise(args: dict, upstream: dict) -> torch.Tensor:
-        Q = args["Q"]
-        c, s = table_rows(Q, args["cos"], args["sin"], args["position_ids"])  # in Q's dtype: as HF rounds them
-        c, s = wide(c).unsqueeze(1), wide(s).unsqueeze(1)
-        d = Q.dtype
-        if backward:
-            x = wide(upstream[tensor])
-            half = x.shape[-1] // 2
-            rotated = torch.cat((x[..., half:], x[..., :half]), -1)  # rotate_half's transpose, up to sign
-            s = torch.cat((s[..., half:], s[..., :half]), -1)  # the sin each of those elements was scaled by
-        else:
-            x = wide(args[tensor])
-            rotated = rotate_half(x)
-        table = x.abs() * rounding_error(c.abs(), d) + rotated.abs() * rounding_error(s.abs(), d)
-        return table + rounding_error((x * c).abs(), d) + rounding_error((rotated * s).abs(), d)
-
-    return noise
+# --- the report's grids ---------------------------------------------------------------------------
 
 
-def _rope_call(fn, a):
-    return tuple(fn(a["Q"], a["K"], a["cos"], a["sin"], a["position_ids"]))
+def _bshd(batch, heads, kv_heads, seq, head_dim, max_pos) -> dict:
+    return {"batch": batch, "heads": heads, "kv_heads": kv_heads, "seq": seq, "head_dim": head_dim, "max_pos": max_pos}
 
 
-def _rope_sweep(full: bool) -> list[Case]:
+def _sweep(full: bool) -> tuple[dict, ...]:
+    """GQA ratios, head counts off the head group, head_dim 80 (transposed), 96 and 128; a Llama 3.1
+    table in the model's dtype at an odd offset with outliers; a long sequence of small heads, with a
+    gradient in HF's (batch, seq, heads, head_dim) storage."""
     shapes = [(1, 4, 4, 8, 64), (2, 6, 2, 5, 80), (1, 5, 1, 6, 96), (2, 32, 8, 16, 128)] if not full else \
         [(1, 4, 4, 64, 64), (2, 6, 2, 128, 80), (1, 5, 1, 256, 96), (4, 32, 8, 512, 128), (2, 12, 3, 300, 256)]
-    out = []
-    for variant in ("plain", "packed"):
-        for dtype in C.FLOAT_DTYPES:
-            for batch, heads, kv, seq, hd in shapes:
-                layout = "transposed" if hd == 80 else "contiguous"
-                out.append(Case("rope", variant, dtype, {"batch": batch, "heads": heads, "kv_heads": kv, "seq": seq,
-                                                         "head_dim": hd, "max_pos": seq + 16}, layout, "normal",
-                                {"theta": 10000.0, "rope_type": "default", "table": "float32"}, seed=len(out)))
-            out.append(Case("rope", variant, dtype, {"batch": 2, "heads": 8, "kv_heads": 2, "seq": 4, "head_dim": 128,
-                                                     "max_pos": 64}, "offset", "outliers",
-                            {"theta": 500000.0, "rope_type": "llama3", "table": "model"}, seed=len(out)))
-            # a long sequence of small heads, with a gradient in HF's (batch, seq, heads, head_dim) storage
-            out.append(Case("rope", variant, dtype, {"batch": 1, "heads": 3, "kv_heads": 1, "seq": 2100 if full else 300,
-                                                     "head_dim": 8, "max_pos": (2100 if full else 300) + 5},
-                            "contiguous", "normal", {"theta": 10000.0, "rope_type": "default", "table": "float32"},
-                            seed=len(out), grad_layout="transposed"))
-    return out
+    long = 2100 if full else 300
+    points = [{"dims": _bshd(batch, heads, kv, seq, hd, seq + 16), "layout": "transposed" if hd == 80 else "contiguous"}
+              for batch, heads, kv, seq, hd in shapes]
+    points.append({"dims": _bshd(2, 8, 2, 4, 128, 64), "layout": "offset", "values": "outliers",
+                   "params": {"theta": 500000.0, "rope_type": "llama3", "table": "model"}})
+    points.append({"dims": _bshd(1, 3, 1, long, 8, long + 5), "grad_layout": "transposed"})
+    return tuple(points)
 
 
-def _rope_scale() -> list[Case]:
+def _scale() -> tuple[dict, ...]:
     """128k-token sequences with tables of that length (Llama 3.1's context): Llama-3-8B's heads in
     either storage, and Q past 2^31 elements in 16-bit (about 2^30 in float32: see rms_norm's
     _SCALE_SHAPES). Packed rows come two to a batch, the first one document as long as the table,
     so that positions reach its last row."""
-    out = []
-    for variant in ("plain", "packed"):
-        batch = 1 if variant == "plain" else 2
-        for dtype in C.FLOAT_DTYPES:
-            widest = (136 if dtype != "float32" else 56) // batch
-            for heads, kv_heads, layout in ((32, 8, "contiguous"), (32, 8, "transposed"), (widest, 8 // batch, "contiguous")):
-                params = {"theta": 500000.0, "rope_type": "default", "table": "float32"}
-                if variant == "packed":
-                    params["first_row"] = "one document"
-                out.append(Case("rope", variant, dtype, {"batch": batch, "heads": heads, "kv_heads": kv_heads,
-                                                         "seq": 131072, "head_dim": 128, "max_pos": 131072},
-                                layout, "normal", params, seed=len(out)))
-    return out
-
-
-def _rope_size(case: Case) -> tuple[int, int]:
-    d = case.dims
-    return d["seq"], d["batch"] * d["heads"] * d["seq"] * d["head_dim"]
-
-
-def _rope_tokens(args: dict, index: torch.Tensor) -> dict:
-    """The tokens ``index`` of every row: their own positions made explicit (without position_ids a
-    token's position is its index in the sequence, which the slice would lose)."""
-    Q, positions = args["Q"], args["position_ids"]
-    if positions is None:
-        positions = torch.arange(Q.shape[2], device=Q.device).expand(Q.shape[0], -1)
-    index = index.to(Q.device)
-    return args | {"Q": Q[:, :, index], "K": args["K"][:, :, index], "position_ids": positions[:, index]}
-
-
-PROGRAMS = Programs(unit="tokens", size=_rope_size, args=_rope_tokens,
-                    tensor=lambda t, index: t[:, :, index.to(t.device)])
+    points = []
+    for variant, batch in (("plain", 1), ("packed", 2)):
+        params = {"theta": 500000.0} | ({"first_row": "one document"} if variant == "packed" else {})
+        for dtypes, widest in ((("float16", "bfloat16"), 136), (("float32",), 56)):
+            for heads, kv_heads, layout in ((32, 8, "contiguous"), (32, 8, "transposed"),
+                                            (widest // batch, 8 // batch, "contiguous")):
+                points.append({"dims": _bshd(batch, heads, kv_heads, 131072, 128, 131072), "layout": layout,
+                               "params": params, "dtypes": dtypes, "variants": (variant,)})
+    return tuple(points)
 
 
 def _rope_errors() -> list[ErrorInput]:
@@ -495,24 +375,35 @@ BENCH = Bench(peers=_bench_peers, workloads=lambda peers, dtype: [rope_workload(
                                                                  rope_workload(peers, dtype, packed=True)])
 
 
-# --- the spec -------------------------------------------------------------------------------------
+# --- the declaration ------------------------------------------------------------------------------
 
 
-ROPE = OpSpec(
-    name="rope", variants=("plain", "packed"),
+ROPE = Op(
+    "rope", reference=rope, reordered=rope_reordered, variants=("plain", "packed"), outputs=("Q_out", "K_out"),
     summary="apply_rotary_pos_emb on Q and K, table rows per token (packed sequences); Q, K, dQ, dK",
-    arg_names=("Q", "K", "cos", "sin", "position_ids"), call=_rope_call, outputs=("Q_out", "K_out"),
-    differentiable=("Q", "K"), reference=rope, reference_reordered=rope_reordered, may_clobber=("Q", "K"),
-    cases=lambda budget, dtypes=C.FLOAT_DTYPES: rope_cases(budget, dtypes), stratified=rope_stratified,
-    make_args=_rope_args, layout_args=("Q", "K"), layout_of=layout_bshd, sweep=_rope_sweep, fusion=FUSE_HEADS,
-    scale=_rope_scale, programs=PROGRAMS,
-    float64_cases=tuple(Case("rope", variant, "float64", {"batch": 2, "heads": 3, "kv_heads": 1, "seq": 3, "head_dim": 6,
-                                                          "max_pos": 8}, "transposed", "normal",
-                             {"theta": 10000.0, "rope_type": "default", "table": "float32"}, seed=1)
+    inputs={"Q": Tensor("batch", "heads", "seq", "head_dim"), "K": Tensor("batch", "kv_heads", "seq", "head_dim"),
+            # the (max_pos, head_dim) tables of HF's rotary embedding, in float32 or the model's dtype
+            "cos": Tensor("max_pos", "head_dim", dtype=DtypeChoice("table", float32="float32", model="case"),
+                          values=_table(0), layout=False),
+            "sin": Tensor("max_pos", "head_dim", dtype=DtypeChoice("table", float32="float32", model="case"),
+                          values=_table(1), layout=False),
+            # plain: none (each token's position is its index); packed: restarting at document boundaries
+            "position_ids": Tensor("batch", "seq", dtype=torch.int64, values=PerVariant(plain=None, packed=PACKED),
+                                   layout=False)},
+    # grouped-query heads: Q's a multiple of K's; head_dim rotated in halves (80 and 96 off the powers of two);
+    # tables at least as long as the sequence. Programs are tokens.
+    dims={"batch": Dim(1, 3), "heads": Dim(1, 32, multiple_of="kv_heads"), "kv_heads": Dim(1, 8),
+          "seq": Dim(1, 2**17, programs="tokens"),
+          "head_dim": Dim(2, 256, multiple=2, special=(2, 6, 8, 10, 16, 64, 80, 96, 128, 256)),
+          "max_pos": Dim(1, 2**17, at_least="seq")},
+    params={"theta": Choice(10000.0, 500000.0, 1e6, passed=False),
+            "rope_type": Choice("default", "linear", "llama3", passed=False)},
+    differentiable=("Q", "K"), may_clobber=("Q", "K"), layout_of=layout_bshd,
+    value_kinds=("normal", "large", "tiny", "outliers", "nonfinite"),
+    sweep=_sweep(False), full_sweep=_sweep(True), scale=_scale(),
+    float64_cases=tuple({"variant": variant, "dims": _bshd(2, 3, 1, 3, 6, 8), "layout": "transposed", "seed": 1}
                         for variant in ("plain", "packed")),
-    error_inputs=_rope_errors,
-    noise={"Q_out": _rope_noise("Q", False), "K_out": _rope_noise("K", False),
-           "dQ": _rope_noise("Q_out", True), "dK": _rope_noise("K_out", True)},
+    error_inputs=_rope_errors, noise=NOISE,
 )
 
 SPECS = (ROPE,)

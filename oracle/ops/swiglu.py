@@ -1,26 +1,22 @@
-"""SwiGLU and its raw LoRA-MLP kernels: HF's maths, the noise model, three specs (the autograd op,
-the raw forward, the raw backward) and the benchmark. The element-wise plumbing they share with
-other gated MLPs is in oracle/ops/elementwise.py.
+"""SwiGLU and its raw LoRA-MLP kernels: HF's maths, three declared ops (the autograd op, the raw
+forward, the raw backward) and the benchmark; their hand-written noise model is swiglu_noise.py.
+What they share with other gated MLPs is in oracle/ops/elementwise.py.
 
 Everything the harness knows about these ops is here (docs/design.md §6).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 
-from oracle import cases as C
-from oracle.cases import (Case)
+from oracle import Op
+from oracle.bench.workload import (Bench, Peers, Workload, checkout_kernels, compiled, instantiate, randn_cuda,
+                                   vendor_peers)
 from oracle.declare.reference import mirrors
-from oracle.declare.spec import (OpSpec, compute_dtype, layout_last_two,
-                     rounding_error, unit_roundoff, wide)
-from oracle.bench.workload import Bench, checkout_kernels, Peers, Workload, compiled, instantiate, randn_cuda, vendor_peers
-from oracle.ops.elementwise import (elementwise_args, elementwise_cases, elementwise_errors, elementwise_stratified,
-                          elementwise_scale, elementwise_sweep, lora_backward, raw_backward_into_buffers, raw_forward,
-                          PROGRAMS)
+from oracle.ops.elementwise import (SCALE, SHAPE, VALUE_KINDS, elementwise_errors, float64_cases, lora_backward,
+                                    raw_backward_into_buffers, raw_forward, sweep, tensors)
+from oracle.ops.swiglu_noise import RAW_BACKWARD_NOISE, SWIGLU_NOISE
 
 
 # --- HF's maths -----------------------------------------------------------------------------------
@@ -54,60 +50,7 @@ def swiglu_lora_backward_reordered(DW, e, g, compute=torch.float32):
     return lora_backward(swiglu_reordered, DW, e, g, compute)
 
 
-# --- arguments, noise model, report grid, bad inputs ----------------------------------------------
-
-
-class _SwigluParts:
-    """SwiGLU's float64 intermediates and unit roundoffs, shared by its noise models.
-
-    Error analysis of HF's evaluation (F.silu(e) * g and its autograd): silu is evaluated in the
-    compute dtype (exp, a division: a few u_c) and rounded to the model dtype d (u_d); the product
-    with g is the final rounding. Autograd forms dh * g in d (u_d), then silu's derivative
-    s (1 + e (1 - s)) in the compute dtype (a few u_c more) and rounds the product.
-    """
-
-    def __init__(self, args: dict, upstream: dict, incoming: str):
-        e = wide(args["e"])
-        self.g = wide(args["g"])
-        self.dtype = args["e"].dtype
-        compute = compute_dtype(self.dtype)
-        self.u_c = unit_roundoff(compute)
-        # exp(-e) overflows the compute dtype below e ~ -88 (fp32): sigmoid flushes to 0, losing up to
-        # the compute dtype's smallest normal number, times |e| in silu and its slope.
-        self.flushed = torch.finfo(compute).smallest_normal * (1 + e.abs())
-        self.sig = torch.sigmoid(e)
-        self.f = e * self.sig
-        self.silu_slope = self.sig * (1 + e.abs() * (1 - self.sig))  # |terms| of silu'(e)
-        # 1 - s is formed from the rounded s: an absolute error of u_c, times |e| s in the slope
-        self.slope_noise = self.u_c * (8 * self.silu_slope + 2 * e.abs() * self.sig)
-        # the incoming gradient: upstream's for the autograd op, the DW argument for the raw backward
-        incoming = upstream.get(incoming, args.get(incoming))
-        self.dh = wide(incoming) if incoming is not None else None
-
-
-def _swiglu_noise(tensor: str, incoming: str = "h") -> Callable[[dict, dict], torch.Tensor]:
-    """h = f g and the gradient of g, dh f: f rounded to d after a few u_c. The gradient of e,
-    dh g silu'(e): dh g rounded to d, the slope's terms in the compute dtype."""
-    def noise(args: dict, upstream: dict) -> torch.Tensor:
-        p = _SwigluParts(args, upstream, incoming)
-        if tensor in ("h", "dg"):
-            other = p.g if tensor == "h" else p.dh
-            f_err = rounding_error(p.f.abs(), p.dtype) + 4 * p.u_c * p.f.abs() + p.flushed
-            return other.abs() * f_err
-        dh_g = (p.dh * p.g).abs()
-        return rounding_error(dh_g, p.dtype) * p.silu_slope + (p.slope_noise + p.flushed) * dh_g
-
-    return noise
-
-
-_SWIGLU_NOISE = {"h": _swiglu_noise("h"), "de": _swiglu_noise("de"), "dg": _swiglu_noise("dg")}
-# The raw backward's df is the gradient of g and de of e, for the incoming gradient DW.
-_RAW_BACKWARD_NOISE = {"h": _swiglu_noise("h", "DW"), "df": _swiglu_noise("dg", "DW"), "de": _swiglu_noise("de", "DW")}
-
-
 # --- Liger-Kernel, and the benchmark (GPU) --------------------------------------------------------
-
-
 
 
 def _bench_peers(include_liger: bool) -> Peers:
@@ -137,51 +80,36 @@ def swiglu_workload(peers: Peers, dtype, rows=16384, cols=14336) -> Workload:
 BENCH = Bench(peers=_bench_peers, workloads=lambda peers, dtype: [swiglu_workload(peers, dtype)])
 
 
-# --- the specs ------------------------------------------------------------------------------------
+# --- the declarations -----------------------------------------------------------------------------
 
 
-SWIGLU = OpSpec(
-    name="swiglu", variants=("default",), summary="silu(e) * g as LlamaMLP computes it; h, de, dg",
-    arg_names=("e", "g"), call=lambda fn, a: (fn(a["e"], a["g"]),), outputs=("h",), differentiable=("e", "g"),
-    reference=swiglu, reference_reordered=swiglu_reordered,
-    cases=lambda budget, dtypes=C.FLOAT_DTYPES: elementwise_cases(budget, "swiglu", True, dtypes),
-    stratified=elementwise_stratified("swiglu", autograd=True),
-    make_args=elementwise_args(("e", "g")), layout_args=("e", "g"), layout_of=layout_last_two,
-    sweep=elementwise_sweep("swiglu", autograd=True), scale=elementwise_scale("swiglu"), programs=PROGRAMS,
-    float64_cases=(Case("swiglu", "default", "float64", {"shape": [3, 7]}, "transposed", "normal", {}, seed=1),),
-    error_inputs=elementwise_errors(("e", "g"), raw=False), noise=_SWIGLU_NOISE,
+SWIGLU = Op(
+    "swiglu", reference=swiglu, reordered=swiglu_reordered, outputs=("h",),
+    summary="silu(e) * g as LlamaMLP computes it; h, de, dg",
+    inputs=tensors("e", "g", autograd=True), dims=SHAPE, value_kinds=VALUE_KINDS,
+    sweep=sweep(False, autograd=True), full_sweep=sweep(True, autograd=True), scale=SCALE,
+    float64_cases=float64_cases(autograd=True), error_inputs=elementwise_errors(("e", "g"), raw=False),
+    noise=SWIGLU_NOISE,
 )
 
-SWIGLU_FG = OpSpec(
-    name="swiglu_fg_kernel", variants=("default",), summary="raw SwiGLU forward: a new h = silu(e) * g",
-    arg_names=("e", "g"), call=lambda fn, a: (fn(a["e"], a["g"]),), outputs=("h",), differentiable=(),
-    reference=swiglu, reference_reordered=swiglu_reordered,
-    cases=lambda budget, dtypes=C.FLOAT_DTYPES: elementwise_cases(budget, "swiglu_fg_kernel", False, dtypes),
-    stratified=elementwise_stratified("swiglu_fg_kernel", autograd=False),
-    make_args=elementwise_args(("e", "g")), layout_args=(), layout_of=layout_last_two,
-    sweep=elementwise_sweep("swiglu_fg_kernel", autograd=False), scale=elementwise_scale("swiglu_fg_kernel"),
-    programs=PROGRAMS,
-    float64_cases=(Case("swiglu_fg_kernel", "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers", {},
-                        seed=1),),
-    error_inputs=elementwise_errors(("e", "g"), raw=True),
-    noise={"h": _SWIGLU_NOISE["h"]}, hf=raw_forward(swiglu),
+SWIGLU_FG = Op(
+    "swiglu_fg_kernel", reference=swiglu, reordered=swiglu_reordered, outputs=("h",), differentiable=(),
+    summary="raw SwiGLU forward: a new h = silu(e) * g", hf=raw_forward(swiglu),
+    inputs=tensors("e", "g", autograd=False), dims=SHAPE, value_kinds=VALUE_KINDS,
+    sweep=sweep(False, autograd=False), full_sweep=sweep(True, autograd=False), scale=SCALE,
+    float64_cases=float64_cases(autograd=False), error_inputs=elementwise_errors(("e", "g"), raw=True),
+    noise={"h": SWIGLU_NOISE["h"]},
 )
 
-SWIGLU_BACKWARD = OpSpec(
-    name="swiglu_DWf_DW_dfg_kernel", variants=("default",),
-    summary="raw LoRA-MLP backward: h, df, de written into DW, e, g",
-    arg_names=("DW", "e", "g"), call=lambda fn, a: tuple(fn(a["DW"], a["e"], a["g"])), outputs=("h", "df", "de"),
-    differentiable=(), reference=swiglu_lora_backward, reference_reordered=swiglu_lora_backward_reordered,
-    cases=lambda budget, dtypes=C.FLOAT_DTYPES: elementwise_cases(budget, "swiglu_DWf_DW_dfg_kernel", False, dtypes),
-    stratified=elementwise_stratified("swiglu_DWf_DW_dfg_kernel", autograd=False),
-    make_args=elementwise_args(("DW", "e", "g")), layout_args=(), layout_of=layout_last_two,
-    sweep=elementwise_sweep("swiglu_DWf_DW_dfg_kernel", autograd=False),
-    scale=elementwise_scale("swiglu_DWf_DW_dfg_kernel"), programs=PROGRAMS,
-    buffers_hold_outputs={"h": "DW", "df": "e", "de": "g"}, may_clobber=("DW", "e", "g"),
-    float64_cases=(Case("swiglu_DWf_DW_dfg_kernel", "default", "float64", {"shape": [3, 7]}, "contiguous", "outliers",
-                        {}, seed=1),),
-    error_inputs=elementwise_errors(("DW", "e", "g"), raw=True), noise=_RAW_BACKWARD_NOISE,
+SWIGLU_BACKWARD = Op(
+    "swiglu_DWf_DW_dfg_kernel", reference=swiglu_lora_backward, reordered=swiglu_lora_backward_reordered,
+    outputs=("h", "df", "de"), differentiable=(), summary="raw LoRA-MLP backward: h, df, de written into DW, e, g",
     hf=raw_backward_into_buffers(swiglu_lora_backward, "swiglu_DWf_DW_dfg_kernel"),
+    inputs=tensors("DW", "e", "g", autograd=False), dims=SHAPE, value_kinds=VALUE_KINDS,
+    may_clobber=("DW", "e", "g"), writes_into={"h": "DW", "df": "e", "de": "g"},
+    sweep=sweep(False, autograd=False), full_sweep=sweep(True, autograd=False), scale=SCALE,
+    float64_cases=float64_cases(autograd=False), error_inputs=elementwise_errors(("DW", "e", "g"), raw=True),
+    noise=RAW_BACKWARD_NOISE,
 )
 
 SPECS = (SWIGLU, SWIGLU_FG, SWIGLU_BACKWARD)

@@ -9,7 +9,6 @@ import hashlib
 import json
 import sys
 from collections import defaultdict
-from dataclasses import asdict
 from pathlib import Path
 
 from oracle.cases import Case
@@ -31,7 +30,7 @@ def data_identity(case: Case) -> str:
     """What a cell's data is made from: the whole case (dims, layout, values, params, seed), hashed.
     Two grids may give one label to other data (the quick grid and the full one reuse labels with
     other seeds); the gate compares cells only where this matches."""
-    return data_identity_of(asdict(case))
+    return data_identity_of(case.record())
 
 
 def data_identity_of(case: dict) -> str:
@@ -95,7 +94,7 @@ def build(tasks: list[Task], answers: dict[int, dict], impl: str, grid: str, env
                               "layout": case.layout, "status": status, "metrics": verdict})
         else:
             checks.append({"op": case.op, "variant": case.variant, "dtype": case.dtype, "check": task.check,
-                           "case": asdict(case), "findings": answer["findings"], "seconds": answer.get("seconds", 0.0),
+                           "case": case.record(), "findings": answer["findings"], "seconds": answer.get("seconds", 0.0),
                            "repro": repro_command(case, impl, task.check)})
     failures = [{"kind": "case", "status": r["status"], "summary": Case(**r["case"]).summary(), "repro": r["repro"],
                  "explain": r.get("explain") or r["error"]} for r in cases if r["status"] != "pass"]

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -51,7 +51,7 @@ class Task:
     check: str | None = None
 
     def message(self) -> str:
-        return json.dumps({"id": self.id, "kind": self.kind, "case": asdict(self.case), "check": self.check})
+        return json.dumps({"id": self.id, "kind": self.kind, "case": self.case.record(), "check": self.check})
 
     @property
     def label(self) -> str:
@@ -168,7 +168,7 @@ def crash_answer(task: Task, impl: str, notice: str) -> dict:
     """The answer recorded for a task whose worker died: a crash, with the command that reruns it."""
     repro = repro_command(task.case, impl, task.check)
     if task.kind == "case":
-        return {"id": task.id, "result": {"case": asdict(task.case), "impl": impl, "status": "crash", "verdicts": [],
+        return {"id": task.id, "result": {"case": task.case.record(), "impl": impl, "status": "crash", "verdicts": [],
                                           "findings": [], "error": notice, "seconds": 0.0, "repro": repro}}
     return {"id": task.id, "seconds": 0.0, "findings": [
         {"check": task.check, "tensor": task.case.op, "phase": "-", "message": f"crash: {notice}",
