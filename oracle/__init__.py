@@ -14,6 +14,7 @@ Declare an op (what it computes, how its inputs are drawn; docs/howto/declare-an
     PerVariant(llama=..., gemma=...)                          a param or a tensor's values per variant
     DtypeChoice("weight", same="case", float32="float32")     a tensor's dtype drawn per case
     Integers(low, high, sprinkle)                             an integer input's values
+    Positions(whole_first_row=...)                            packed position ids (sequences restart at 0)
     VALUE_KINDS, GRAD_KINDS                                   the kinds of input values and of incoming
                                                               gradient a case draws (value_kinds=, grad_kinds=)
     ErrorInput(description, args, error, match)               a bad input and what it must raise
@@ -53,7 +54,8 @@ import importlib
 # Each public name -> the module that defines it: the one place a name's home is written.
 _HOMES = {
     **dict.fromkeys(("Op", "from_module", "call_module"), "oracle.declare.op"),
-    **dict.fromkeys(("Tensor", "Dim", "Choice", "Fixed", "Integers", "PerVariant", "DtypeChoice", "PARAMETER_VALUES"),
+    **dict.fromkeys(("Tensor", "Dim", "Choice", "Fixed", "Integers", "PerVariant", "DtypeChoice", "Positions",
+                     "PARAMETER_VALUES"),
                     "oracle.declare.parts"),
     **dict.fromkeys(("GRAD_KINDS", "VALUE_KINDS"), "oracle.cases"),
     "ErrorInput": "oracle.declare.spec",

@@ -11,9 +11,8 @@ import math
 
 import torch
 
-from oracle import Choice, Dim, DtypeChoice, ErrorInput, Op, PerVariant, Tensor
+from oracle import Choice, Dim, DtypeChoice, ErrorInput, Op, PerVariant, Positions, Tensor
 from oracle.bench.workload import Bench, checkout_kernels, Peers, Workload, compiled, instantiate, randn_cuda, vendor_peers
-from oracle.declare.parts import Positions
 from oracle.declare.reference import mirrors
 from oracle.declare.spec import layout_bshd
 from oracle.ops.rope_noise import NOISE
