@@ -29,14 +29,34 @@ VALUE_KINDS = ("normal", "large", "tiny", "zero_rows", "outliers", "nonfinite")
 # so its row sum cancels) and the output plus a little noise; 16-bit overflow and underflow inside the
 # backward; rows of zeros (ignored tokens); a few outliers.
 GRAD_KINDS = ("normal", "aligned", "aligned_noisy", "large", "tiny", "zero_rows", "outliers")
-# Input values that already take 16-bit products to their range's end: a gradient of another kind on
-# them makes HF's own backward overflow where the truth is a number, a case that judges nothing.
+# Input values that already take 16-bit products to their range's end: a gradient larger than a normal
+# one on them makes HF's own backward overflow where the truth is a number, a case that judges nothing.
 NEAR_RANGE_VALUES = ("large", "outliers", "nonfinite")
+# The kinds of gradient no larger than a normal one: the ones NEAR_RANGE_VALUES may take.
+MODEST_GRAD_KINDS = ("normal", "tiny", "zero_rows")
 
 
 def grad_kind_for(values: str, drawn: str) -> str:
-    """The kind of incoming gradient a case takes: the one drawn, or normal on NEAR_RANGE_VALUES."""
-    return "normal" if values in NEAR_RANGE_VALUES else drawn
+    """The kind of incoming gradient a case takes: the one drawn, or normal where the drawn one is
+    larger than normal on NEAR_RANGE_VALUES."""
+    return "normal" if values in NEAR_RANGE_VALUES and drawn not in MODEST_GRAD_KINDS else drawn
+
+
+def spread_grad_kinds(values: list[str], kinds: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """Kinds of incoming gradient for rows of the given kinds of values: the first row of normal values
+    keeps a normal gradient (the case every kernel is first written for); each other kind is taken
+    once where a row allows it (grad_kind_for), the rows near their range first; then the kinds no
+    row took, for rows of normal values to be added. Rows beyond the kinds take normal."""
+    plain = values.index("normal") if "normal" in values else None
+    left, taken = [k for k in kinds if k != "normal" or plain is None], ["normal"] * len(values)
+    for near in (True, False):
+        for i, kind_of_values in enumerate(values):
+            if (kind_of_values in NEAR_RANGE_VALUES) == near and left and i != plain:
+                fits = [k for k in left if grad_kind_for(kind_of_values, k) == k]
+                if fits:
+                    taken[i] = fits[0]
+                    left.remove(fits[0])
+    return taken, left
 MAX_COLUMNS = 65536
 
 

@@ -279,8 +279,9 @@ def _gradient_axes(op) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _stratified(op, dtype: str, budget: Budget) -> list[Case]:
-    """Every variant, layout, gradient layout and kind of values, with a normal gradient; then each
-    other kind of incoming gradient on normal values (cases.grad_kind_for); every other case long.
+    """Every variant, layout, gradient layout, kind of values and kind of incoming gradient: the
+    gradient kinds spread over the rows covering the rest where the values allow them
+    (cases.spread_grad_kinds), a row of normal values for each kind left; every other case long.
     Variants cycle (a, b, b, a) and params' choices change every second case (0, 0, 1, 1, ...), so
     that each of two choices meets each of two variants, short and long (a float32 weight with
     Llama's cast)."""
@@ -288,9 +289,9 @@ def _stratified(op, dtype: str, budget: Budget) -> list[Case]:
     cycle = tuple(names[i % len(names)] for i in (0, 1, 1, 0)) if len(names) > 1 else names
     layouts = LAYOUTS if op.layout_tensors() else ("contiguous",)
     grad_layouts, grad_kinds = _gradient_axes(op)
-    rows = [(v, layout, g, "normal", values) for v, layout, g, values in covering(cycle, layouts, grad_layouts,
-                                                                                   op.value_kinds)]
-    others = [kind for kind in grad_kinds if kind != "normal"]
+    covered = covering(cycle, layouts, grad_layouts, op.value_kinds)
+    kinds, others = C.spread_grad_kinds([values for *_, values in covered], grad_kinds)
+    rows = [(v, layout, g, kind, values) for (v, layout, g, values), kind in zip(covered, kinds)]
     rows += [(cycle[(len(rows) + j) % len(cycle)], layouts[j % len(layouts)], grad_layouts[j % len(grad_layouts)],
               kind, "normal") for j, kind in enumerate(others)]
     out = []
