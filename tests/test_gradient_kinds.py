@@ -21,6 +21,7 @@ from oracle.declare.implementations import Implementation, prepared
 from oracle.declare.registry import SPECS
 from oracle.declare.spec import fill, generator, upstream_gradient
 from oracle.engine.devices import default_device
+from oracle.ops import MODULES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,11 +102,13 @@ def test_values_near_their_range_take_a_gradient_no_larger_than_normal():
 def test_the_kinds_spread_over_the_covering_rows_and_normal_values_keep_a_normal_gradient():
     """Seven kinds of gradient cost two cases beyond the rows covering the kinds of values, not six;
     the first case of normal values is the plain one every kernel is first written for."""
-    for name in ("rms_norm", "rope", "swiglu", "geglu"):
-        cases = SPECS[name].stratified("bfloat16", CPU_BUDGET)
-        assert len(cases) <= len({case.values for case in cases}) + 3, (name, len(cases))
+    built_in = [SPECS[op.name] for module in MODULES for op in module.SPECS if SPECS[op.name].differentiable]
+    for spec in built_in:
+        cases = spec.stratified("bfloat16", CPU_BUDGET)
+        assert len(cases) <= len({case.values for case in cases}) + 3, (spec.name, len(cases))
         first = next(case for case in cases if case.values == "normal")
-        assert first.grad_values == "normal", name
+        assert first.grad_values == "normal", spec.name
+    assert len(built_in) >= 4
     taken, left = spread_grad_kinds(["normal", "large", "tiny"], GRAD_KINDS)
     assert taken == ["normal", "tiny", "aligned"] and left == ["aligned_noisy", "large", "zero_rows", "outliers"]
     assert spread_grad_kinds(["large"], ("normal", "aligned")) == (["normal"], ["aligned"])

@@ -3,8 +3,8 @@ maths, its declarations and its benchmark (docs/design.md §6). The harness load
 name, as it loads any module of declarations (oracle/declare/registry.py); nothing in its core
 imports it.
 
-Every module in this package that defines ``SPECS`` (a tuple of declarations: ``oracle.declare.Op``s,
-or hand-built OpSpecs) is an op module, found here by name order: adding an op is adding its module,
+Every module in this package that defines ``SPECS`` (a tuple of declarations: ``oracle.Op``s, as a
+user writes them) is an op module, found here by name order: adding an op is adding its module,
 nothing else in the oracle. Helper modules (shared plumbing, like elementwise.py; RMSNorm's
 hand-written noise model, rms_norm_noise.py) define no ``SPECS``.
 """
