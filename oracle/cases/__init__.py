@@ -80,6 +80,8 @@ GPU_BUDGET = Budget(elements=2**22, programs=2**14, long_programs=2**17, long_el
 # Row and token counts past which the kernels' tiles and program groups wrap (RMSNorm's backward
 # rows per program and per step, RoPE's tokens): the long regime draws just past them.
 TILE_BOUNDARIES = (64, 128, 256)
+# The elements one program of an element-wise kernel takes: a flat block (past_tiles counts in them).
+FLAT_BLOCK = 1024
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,7 @@ def past_tiles(case: Case) -> bool:
         return math.prod(dims["lead"]) > TILE_BOUNDARIES[0]
     if "seq" in dims:
         return dims["seq"] > TILE_BOUNDARIES[0]
-    return math.prod(dims.get("shape", [])) > 4 * 1024
+    return math.prod(dims.get("shape", [])) > 4 * FLAT_BLOCK
 
 
 def covering(*axes: tuple) -> list[tuple]:

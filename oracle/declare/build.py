@@ -147,11 +147,16 @@ def _fit(op, dims: dict, elements: int, programs: int | None) -> dict:
 
 def _size(dim: Dim, high: int | None = None) -> st.SearchStrategy:
     """A size up to ``high`` (default: the dim's), special sizes two times in three; a split dim's,
-    1 to ``split`` sizes whose product is at most that. Shrinks toward the smallest."""
+    1 to ``split`` sizes whose product is at most that (where the dim declares special sizes, the
+    product is one of them half the time: element counts a kernel's blocks split). Shrinks toward
+    the smallest."""
     high = dim.high if high is None else max(dim.fit(dim.low), min(dim.high, high))
-    if dim.split > 1:
-        return _parts(dim.split, high, 2 if dim.per_row else 1)
     special = [s for s in dim.special if dim.low <= s <= high]
+    if dim.split > 1:
+        least = 2 if dim.per_row else 1
+        if special:  # half special, half anywhere up to ``high``: the element counts past the tiles
+            return _split(dim.split, st.one_of(st.sampled_from(special), st.integers(1, high)), least)
+        return _parts(dim.split, high, least)
     m = dim.multiple
     plain = st.integers(-(-dim.low // m), high // m).map(lambda k: k * m)
     return st.one_of(st.sampled_from(special), st.sampled_from(special), plain) if special else plain
@@ -166,6 +171,21 @@ def _parts(draw, count: int, high: int, least: int = 1) -> list[int]:
         parts.append(draw(st.integers(1, room)))
         room = max(1, room // parts[-1])
     return parts
+
+
+@st.composite
+def _split(draw, count: int, totals: st.SearchStrategy[int], least: int = 1) -> list[int]:
+    """``least`` to ``count`` sizes whose product is a drawn total rounded down to a multiple of the
+    last: the last (a row's columns) drawn first, the rest splitting the rows it leaves; shrinks
+    toward one part of the smallest total (or a 1 before it)."""
+    total = draw(totals)
+    n = draw(st.integers(least, count))
+    last = draw(st.integers(1, max(1, total))) if n > 1 else max(1, total)
+    parts, room = [], max(1, total) // last
+    for _ in range(n - 2):
+        parts.append(draw(st.integers(1, room)))
+        room = max(1, room // parts[-1])
+    return parts + [room, last] if n > 1 else [last]
 
 
 def params_of(op, variant: str, choose: Callable[[str, tuple], object]) -> dict:
@@ -209,13 +229,22 @@ def _cases(op, budget: Budget, dtypes) -> st.SearchStrategy[Case]:
     return draw()
 
 
+def _split_high(dim: Dim, budget: Budget) -> int | None:
+    """A split dim's parts are drawn within the budget, not cut down to it afterwards: at most its
+    elements in all, and a per-row dim (flat blocks of an element-wise kernel, each a program) at
+    most its programs' blocks."""
+    if dim.split == 1:
+        return None
+    return min(budget.elements, budget.programs * C.FLAT_BLOCK) if dim.per_row else budget.elements
+
+
 def _drawn_sizes(draw, op, budget: Budget) -> dict:
     """Every dim's size within the budget. The programs dim is drawn after the others, within the
     room they leave (few programs of wide rows, many of narrow ones); a third of the cases (long)
     take it just past the kernels' tiles, the other sizes shrunk to the long regime's elements."""
     p = op.programs_dim
     long = p is not None and draw(C.is_long())
-    sizes = {name: draw(_size(dim)) for name, dim in op.dims.items() if name != p}
+    sizes = {name: draw(_size(dim, _split_high(dim, budget))) for name, dim in op.dims.items() if name != p}
     if p is None:
         return _fit(op, sizes, budget.elements, budget.programs)
     dim = op.dims[p]

@@ -76,7 +76,8 @@ class Dim:
     """A size the op's tensors share, drawn per case.
 
     - ``low``, ``high``: its range (``high`` is further capped by the device's budget);
-    - ``special``: sizes that break kernels (1, primes, block edges), drawn two times in three;
+    - ``special``: sizes that break kernels (1, primes, block edges), drawn two times in three (a
+      split dim's: products of its sizes, element counts around a kernel's blocks, drawn half the time);
     - ``programs``: this size counts independent programs (rows, tokens; a string names them, for
       messages: ``programs="rows"``). It is drawn within the room the other sizes leave in the
       budget; a third of the drawn cases take it past the kernels' tiles (64, 128, 256); cases at

@@ -68,7 +68,9 @@ def raw_backward_into_buffers(reference: Callable, name: str) -> Callable:
 # --- what their declarations share ---------------------------------------------------------------
 
 # The tensors' one shape, two or three sizes, rows by columns; the budget caps what is drawn.
-SHAPE = {"shape": Dim(1, 2**24, split=3, per_row=True)}
+# Element counts drawn half the time: one, a few, around the 1024-element block, past four and eight
+# of them, and past 64 (the first tile boundary in programs, where the budget reaches it).
+SHAPE = {"shape": Dim(1, 2**24, special=(1, 3, 1023, 1024, 1025, 4097, 8193, 65537), split=3, per_row=True)}
 # Every kind of values but zero rows: an element-wise op reduces no row, so a zero row is only zeros.
 VALUE_KINDS = ("normal", "large", "tiny", "outliers", "nonfinite")
 
