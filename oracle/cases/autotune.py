@@ -31,6 +31,8 @@ import hashlib
 import sys
 import types
 
+from oracle.interpreter.patches import unpatched
+
 # One state for the whole process, not per thread: autograd runs a GPU backward on a thread of its
 # own, so a thread-local pin left every backward kernel autotuning on the H200 (Liger's DyT: 18
 # configs benchmarked at each new width, 7-10 s a case). A process runs one case at a time.
@@ -131,9 +133,5 @@ def unpinned():
     """Run with Triton's own ``Autotuner.run`` (for tests proving the pinning matters)."""
     from triton.runtime.autotuner import Autotuner
 
-    wrapped = Autotuner.run
-    Autotuner.run = getattr(wrapped, "_oracle_original", wrapped)
-    try:
+    with unpatched(Autotuner, "run"):
         yield
-    finally:
-        Autotuner.run = wrapped

@@ -39,6 +39,8 @@ import warnings
 
 import torch
 
+from oracle.interpreter.patches import unpatched
+
 
 def choose_backend() -> None:
     """Put Triton kernels decorated from now on into the interpreter when there is no CUDA device
@@ -113,13 +115,8 @@ def _install_cast_correction() -> None:
 @contextlib.contextmanager
 def uncorrected_bf16_casts():
     """Run with the interpreter's own bf16 casts (for tests proving the correction matters)."""
-    builder = _interpreter_builder_class()
-    corrected = builder.cast_impl
-    builder.cast_impl = getattr(corrected, "_oracle_original", corrected)
-    try:
+    with unpatched(_interpreter_builder_class(), "cast_impl"):
         yield
-    finally:
-        builder.cast_impl = corrected
 
 
 @functools.cache
