@@ -57,6 +57,8 @@ def spread_grad_kinds(values: list[str], kinds: tuple[str, ...]) -> tuple[list[s
                     taken[i] = fits[0]
                     left.remove(fits[0])
     return taken, left
+
+
 MAX_COLUMNS = 65536
 
 

@@ -177,7 +177,7 @@ def _parts(draw, count: int, high: int, least: int = 1) -> list[int]:
 def _split(draw, count: int, totals: st.SearchStrategy[int], least: int = 1) -> list[int]:
     """``least`` to ``count`` sizes whose product is a drawn total rounded down to a multiple of the
     last: the last (a row's columns) drawn first, the rest splitting the rows it leaves; shrinks
-    toward one part of the smallest total (or a 1 before it)."""
+    toward the smallest total in one column."""
     total = draw(totals)
     n = draw(st.integers(least, count))
     last = draw(st.integers(1, max(1, total))) if n > 1 else max(1, total)
