@@ -38,7 +38,12 @@ COMPILES = True
 # kernels without the room it grants fast exp by default (oracle/noise/rounding.py, Note [Fast maths]).
 EXACT_MATHS = True
 
+# HF's cast order, bit for bit, where every rounding step can be HF's: RoPE multiplies and adds in the
+# input dtype as HF's eager code does (products rounded, then their sum), with no reduction whose order
+# could differ. Each case compares these tensors' bits (oracle/checks/exact.py, Note [Exact bits]).
+EXACT = {"rope": True}
+
 __all__ = [
-    "CLOBBERS", "COMPILES", "EXACT_MATHS", "geglu", "geglu_approx_backward_kernel", "geglu_approx_forward_kernel", "geglu_exact_backward_kernel",
+    "CLOBBERS", "COMPILES", "EXACT", "EXACT_MATHS", "geglu", "geglu_approx_backward_kernel", "geglu_approx_forward_kernel", "geglu_exact_backward_kernel",
     "geglu_exact_forward_kernel", "rms_norm", "rope", "swiglu", "swiglu_DWf_DW_dfg_kernel", "swiglu_fg_kernel",
 ]

@@ -545,6 +545,18 @@ def _rope_half_precision_table(Q, K, cos, sin, position_ids=None):
 rope_low_precision_table = SimpleNamespace(rope=_rope_half_precision_table)
 
 
+# Both products and their sum in float32, rounded once to Q's dtype (a fused multiply-add), where HF
+# rounds each product and then the sum: as precise as HF, not HF's bits. A kernel that promises HF's
+# cast order (kernels' EXACT) breaks its promise in float16 and bfloat16; in float32 both are HF's.
+def _rope_rounding_once(Q, K, cos, sin, position_ids=None):
+    c, s = rope_ops.table_rows(Q, cos, sin, position_ids)
+    c, s = c.float().unsqueeze(1), s.float().unsqueeze(1)
+    return tuple((x.float() * c + rope_ops.rotate_half(x).float() * s).to(x.dtype) for x in (Q, K))
+
+
+rope_rounds_once = SimpleNamespace(rope=_rope_rounding_once, EXACT=kernels.EXACT)
+
+
 # --- SwiGLU bugs
 
 
@@ -762,6 +774,9 @@ CATALOGUE: tuple[Bug, ...] = (
         "cos and sin rows cached in float16 before the cast to Q's dtype",
         "in bfloat16 the table is rounded twice (fp32 -> fp16 -> bf16): one bf16 step on ~0.1% more elements, "
         "seen by the distribution judgement only at millions of elements (H200)", borderline=("bfloat16",)),
+    Bug("rope_rounds_once", "rope", _LOW_PRECISION,
+        "products and their sum rounded once (fused in float32) where HF rounds each: HF's precision, not "
+        "HF's bits, in a kernel that promises HF's cast order (EXACT)"),
     Bug("swiglu_flushes_small", "swiglu", _EVERY_DTYPE,
         "forward flushes outputs with |h| < 0.1 to zero"),
     Bug("swiglu_sigmoid_low_precision_backward", "swiglu", _LOW_PRECISION,

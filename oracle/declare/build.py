@@ -36,7 +36,7 @@ def build_spec(op) -> OpSpec:
         layout_args=layout_args, layout_of=op.layout_of or layout_last_two, sweep=lambda full: _sweep(op, full),
         scale=lambda: _scale(op), programs=_programs(op),
         float64_cases=tuple(_float64_cases(op)), buffers_hold_outputs=dict(op.writes_into),
-        may_clobber=tuple(op.may_clobber), fusion=_fusion(op, layout_args),
+        may_clobber=tuple(op.may_clobber), exact=tuple(op.exact), fusion=_fusion(op, layout_args),
         error_inputs=op.error_inputs if callable(op.error_inputs) else (lambda: list(op.error_inputs)),
         regressions=tuple(_case(op, given) for given in op.regressions),
         noise=dict(op.noise), order_noise=dict(op.order_noise), summed=dict(op.summed),

@@ -13,6 +13,9 @@ the registry, named as in ``kernels/__init__.py``) and optionally:
   roots as exactly as CUDA's library does, and is judged without the room fast GPU maths has.
 - ``COMPILES``: True (or a set of ops): the ops go whole into a ``torch.compile`` graph, so that a
   graph break fails the compile check (oracle/checks/compile.py) instead of being a note.
+- ``EXACT``: {op: the compared tensors (or True: all of them) that equal HF's bits}: the
+  implementation follows HF's cast order there, and every case holds it to that
+  (oracle/checks/exact.py); an op's own ``exact`` binds every implementation.
 
 ``implementation(my_op=fn, CLOBBERS=..., COMPILES=...)`` builds one from keywords (``ATTRIBUTES``
 lists the attributes it takes); its op names are checked when the harness loads it, not when it is
@@ -65,6 +68,7 @@ ATTRIBUTES = {
     "NO_FLOAT64": "a collection of the ops without a float64 path",
     "EXACT_MATHS": "True, False or a collection of the ops with exact exp, division and square roots",
     "COMPILES": "True, False or a collection of the ops that go whole into a torch.compile graph",
+    "EXACT": "a dict of op -> the compared tensors equal to HF's bits (True: all of them)",
 }
 
 
@@ -79,7 +83,7 @@ def __getattr__(name: str):
 def implementation(**given) -> "Partial":
     """An implementation of some ops (``implementation(layer_norm=my_layer_norm)``) that declares
     every other op of the registry lacking. It takes every attribute of ``ATTRIBUTES`` as a keyword
-    (``CLOBBERS``, ``LACKING``, ``NO_FLOAT64``, ``EXACT_MATHS``, ``COMPILES``); any other upper-case
+    (``CLOBBERS``, ``LACKING``, ``NO_FLOAT64``, ``EXACT_MATHS``, ``COMPILES``, ``EXACT``); any other upper-case
     keyword, a value of the wrong form, or an op that is not callable raises DeclarationError here.
     The op names (keywords, and those inside the attributes) are checked when the harness loads the
     implementation (``Implementation``), once the declarations are loaded: an unknown one is an error
@@ -114,14 +118,16 @@ def _attribute_problem(name: str, value) -> str | None:
         stray = [v for v in collection if not isinstance(v, str)]
         return f" ({stray[0]!r} is not a name)" if stray else None
 
-    if name in ("CLOBBERS", "LACKING"):
+    if name in ("CLOBBERS", "LACKING", "EXACT"):
         if not isinstance(value, dict):
             return ""
         for op, entry in value.items():
-            problem = (None if isinstance(entry, str) else f" (the reason for {op!r} is not a string)") \
-                if name == "LACKING" else names(entry)
+            if name == "LACKING":
+                problem = None if isinstance(entry, str) else f" (the reason for {op!r} is not a string)"
+            else:
+                problem = None if name == "EXACT" and entry is True else names(entry)
             if problem is not None:
-                return problem or f" (CLOBBERS[{op!r}] is not a collection of names)"
+                return problem or f" ({name}[{op!r}] is not a collection of names)"
         return None
     if name in ("EXACT_MATHS", "COMPILES") and isinstance(value, bool):
         return None
@@ -232,6 +238,12 @@ class Implementation:
             return "exact" if declared else "fast"
         return "exact" if op in set(declared) else "fast"
 
+    def exact(self, spec) -> set[str]:
+        """The compared tensors of an op (its OpSpec) that must equal HF's bits: the op's own ``exact``
+        and what the implementation declares in EXACT (True: every compared tensor)."""
+        declared = getattr(self.target, "EXACT", {}).get(spec.name, ())
+        return set(spec.exact) | (set(spec.compared()) if declared is True else set(declared))
+
     def takes_float64(self, op: str) -> bool:
         return op not in set(getattr(self.target, "NO_FLOAT64", ()))
 
@@ -254,6 +266,10 @@ class Implementation:
                              "--ops, or declare LACKING = {op: reason} in the implementation")
         chosen = [op for op in asked if self.op(op) is not None]
         for op in chosen:
+            stray = sorted(self.exact(SPECS[op]) - set(SPECS[op].compared()))
+            if stray:
+                raise ValueError(f"{self.name} declares EXACT[{op!r}] = {stray}, which {op} does not compare: its "
+                                 f"compared tensors are {', '.join(SPECS[op].compared())}")
             beyond = sorted(self.clobbers(op) - set(SPECS[op].may_clobber))
             if beyond:
                 allowed = ", ".join(SPECS[op].may_clobber) or "nothing"

@@ -71,6 +71,8 @@ class Op:
     - ``outputs``: names of what the reference returns, in order;
     - ``variants``: name -> the params it fixes (``{"tanh": {"approximate": "tanh"}, ...}``), or a
       tuple of names where ``PerVariant`` params say what differs;
+    - ``exact``: compared tensors (outputs, ``"d" + input``) every implementation must give with the
+      reference's exact bits (a copy, a gather; oracle/checks/exact.py);
     - ``may_clobber``: inputs an implementation may overwrite (declared in its CLOBBERS);
       ``writes_into``: output -> the input whose buffer must hold it (a raw kernel's contract);
     - ``dtypes``, ``value_kinds``, ``grad_kinds``: what cases are drawn in (``grad_kinds``: the kinds of
@@ -109,6 +111,7 @@ class Op:
     outputs: tuple = ("out",)
     variants: dict = field(default_factory=lambda: {"default": {}})
     may_clobber: tuple = ()
+    exact: tuple = ()
     writes_into: dict = field(default_factory=dict)
     dtypes: tuple = FLOAT_DTYPES
     value_kinds: tuple = VALUE_KINDS

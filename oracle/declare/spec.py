@@ -120,6 +120,9 @@ class OpSpec:
     # Arguments an implementation may overwrite (its CLOBBERS must stay inside them): RoPE's Q and K,
     # a raw backward's buffers. Everything else is read only.
     may_clobber: tuple[str, ...] = ()
+    # Compared tensors every implementation must give with HF's exact bits (oracle/checks/exact.py);
+    # an implementation may declare more of them (its EXACT).
+    exact: tuple[str, ...] = ()
     fusion: Fusion | None = FUSE_LAST_DIM  # how the layout args share one storage in real models
     error_inputs: Callable[[], list[ErrorInput]] = list  # bad inputs: raise before any launch, or HF's result
     regressions: tuple[Case, ...] = ()  # cases that once failed, pinned as @example in the generic tests
@@ -147,6 +150,9 @@ class OpSpec:
             raise ValueError(f"spec {self.name}: order noise for {sorted(unknown)}, which are not compared")
         if self.scale() and self.programs is None:
             raise ValueError(f"spec {self.name}: a scale grid needs ``programs`` to judge it on a slice")
+        unknown = set(self.exact) - set(self.compared())
+        if unknown:
+            raise ValueError(f"spec {self.name}: exact {sorted(unknown)}, which are not compared")
         stray = set(self.may_clobber) - set(self.arg_names)
         if stray:
             raise ValueError(f"spec {self.name}: may_clobber names {sorted(stray)}, which are not arguments")

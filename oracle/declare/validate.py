@@ -14,7 +14,7 @@ from oracle.errors import DeclarationError
 # --- validation: the first problem, naming the field ---------------------------------------------
 
 # Fields that hold names (a tuple, or a list), and the grids (tuples of dicts of sizes).
-_NAME_TUPLES = ("differentiable", "outputs", "may_clobber", "dtypes", "value_kinds", "grad_kinds")
+_NAME_TUPLES = ("differentiable", "outputs", "may_clobber", "exact", "dtypes", "value_kinds", "grad_kinds")
 _GRIDS = ("sweep", "full_sweep", "scale")
 _CASE_LISTS = ("regressions", "float64_cases")
 # Fields given as tuples (a list is kept as a tuple).
@@ -205,6 +205,10 @@ def _validate_names(op, fail) -> None:
     for name in op.may_clobber:
         if name not in op.inputs:
             fail("may_clobber", f"{name!r} is not an input")
+    compared = (*op.outputs, *(f"d{name}" for name in op.grads))
+    for name in op.exact:
+        if name not in compared:
+            fail("exact", f"{name!r} is not a compared tensor ({', '.join(compared)})")
     if not isinstance(op.writes_into, dict):
         fail("writes_into", f"must be a dict of output -> input, got {type(op.writes_into).__name__}")
     for output, buffer in op.writes_into.items():

@@ -34,6 +34,7 @@ from oracle.cases import scale
 from oracle.cases import Case
 from oracle.verdict import ELEMENT_BOUND, Noise, Spread, TensorVerdict, describe_element, judge, summation_noise
 from oracle.declare.implementations import Implementation
+from oracle.checks import exact as exact_check
 from oracle.checks.memory import BROADCAST_ROWS, CONTIGUOUS, GuardedTensor, Layout, Snapshot, bits, copy_into, rehomed_allocations
 from oracle.declare.registry import SPECS
 from oracle.declare.spec import OpSpec, upstream_gradient
@@ -591,18 +592,33 @@ def _buffers_hold(spec: OpSpec, args: dict, outputs: dict, clobbers: set[str]) -
 # --- the verdict --------------------------------------------------------------------------------
 
 
-def judge_all(spec: OpSpec, prepared: Prepared, run: ImplRun) -> tuple[list[TensorVerdict], list[Finding]]:
+def judge_all(spec: OpSpec, prepared: Prepared, run: ImplRun,
+              exact: dict[str, str] | None = None) -> tuple[list[TensorVerdict], list[Finding]]:
+    """Every compared tensor's verdict, and the findings beside it: elements left unwritten, and
+    where ``exact`` names a tensor (-> who promises it), every element that lacks HF's bits."""
     got = {**run.outputs, **run.grads}
     hf = prepared.hf.tensors()
     verdicts, findings = [], []
     for name in spec.compared():
         k, h = prepared.compared_part(name, got[name]), hf[name]
+        phase = "forward" if name in spec.outputs else "backward"
         verdicts.append(prepared.judge(name, got[name]))
         unwritten = int((k.isnan() & ~h.to(k.device).isnan()).sum()) if k.shape == h.shape else 0
         if unwritten:
-            findings.append(Finding("unwritten", name, "forward" if name in spec.outputs else "backward",
+            findings.append(Finding("unwritten", name, phase,
                                     f"{unwritten} element(s) NaN where HF has a number (unwritten, read from poisoned memory?)"))
+        differs = exact_check.first_difference(k, h) if name in (exact or {}) and k.shape == h.shape else None
+        if differs is not None:
+            count, index, expected, found = differs
+            findings.append(Finding("exact", name, phase, exact_check.explained(count, k.numel(), exact[name]),
+                                    index, expected, found))
     return verdicts, findings
+
+
+def exact_tensors(spec: OpSpec, impl: Implementation) -> dict[str, str]:
+    """The tensors whose bits a case compares, each with who promised them (Note [Exact bits])."""
+    return {name: f"the op {spec.name}" if name in spec.exact else f"{impl.name}'s EXACT"
+            for name in impl.exact(spec)}
 
 
 def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> CaseResult:
@@ -621,7 +637,7 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
         with scale.one_at_a_time(spec, case, device), time_limit(case.summary()):
             prepared = prepare(spec, case, device, maths=impl.maths(spec.name))
             run = run_impl(spec, case, impl, prepared, device)
-            result.verdicts, unwritten = judge_all(spec, prepared, run)
+            result.verdicts, unwritten = judge_all(spec, prepared, run, exact_tensors(spec, impl))
             result.findings = run.findings + unwritten
             result.scope, result.generic = prepared.scope, prepared.generic
             del prepared, run  # before the GPU goes to the next case at scale
