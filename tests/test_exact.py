@@ -7,9 +7,6 @@ elements differ and the first. The kernels themselves keep the promise."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,8 +18,6 @@ from oracle.declare.implementations import Implementation, load
 from oracle.declare.registry import SPECS
 from oracle.engine.devices import default_device
 from tests import broken_impls
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _rope_cases(dtype: str) -> list:
@@ -65,19 +60,15 @@ def test_in_float32_rounding_once_is_hf_and_keeps_the_promise():
         assert engine.run_case(SPECS["rope"], case, promised, default_device()).passed
 
 
-def _report(out: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "oracle.report", "--ops", "rope", "--dtypes", "bfloat16",
-                           "--variants", "plain", "--no-checks", "--workers", "1", "--json", str(out / "run.json"),
-                           "--html", str(out / "run.html"), "--baseline", str(out / "baseline.json"), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-
-
-def test_the_gate_fails_a_broken_promise(tmp_path):
-    made = _report(tmp_path, "--update-baseline")
-    assert made.returncode == 0, made.stdout + made.stderr
-    gated = _report(tmp_path, "--gate", "--impl", "tests.broken_impls:rope_rounds_once")
-    assert gated.returncode == 1, gated.stdout + gated.stderr
-    assert "new finding of the exact check on Q_out" in gated.stdout, gated.stdout
+def test_the_gate_fails_a_broken_promise(tmp_path, report_main):
+    """The report in-process (a subprocess's start-up is most of a run this small on a GPU machine)."""
+    paths = ("--json", tmp_path / "run.json", "--html", tmp_path / "run.html", "--baseline", tmp_path / "baseline.json")
+    grid = ("--ops", "rope", "--dtypes", "bfloat16", "--variants", "plain", "--no-checks", "--workers", "1", *paths)
+    code, out, err = report_main(*grid, "--update-baseline")
+    assert code == 0, out + err
+    code, out, err = report_main(*grid, "--gate", "--impl", "tests.broken_impls:rope_rounds_once")
+    assert code == 1, out + err
+    assert "new finding of the exact check on Q_out" in out, out
     cases = json.loads((tmp_path / "run.json").read_text())["cases"]
     findings = [f for case in cases for f in case.get("findings") or () if f["check"] == "exact"]
     assert findings and all(f["index"] is not None and "differ from HF's bits" in f["message"] for f in findings)

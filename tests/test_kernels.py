@@ -67,9 +67,11 @@ def test_matches_hf_on_a_spread_of_shapes(case, device):
 
 
 def test_public_api_is_the_contract():
-    """The package exports exactly the registry's ops, CLOBBERS and COMPILES; a raw kernel clobbers the
-    buffers its results land in, RoPE rotates Q and K in place, and nothing else overwrites an argument."""
-    assert kernels.__all__ == sorted(["CLOBBERS", "COMPILES", "EXACT_MATHS", *SPECS])
+    """The package exports exactly the registry's ops, CLOBBERS, COMPILES, EXACT_MATHS and EXACT; a raw
+    kernel clobbers the buffers its results land in, RoPE rotates Q and K in place, and nothing else
+    overwrites an argument; RoPE alone promises HF's bits (tests/test_exact.py)."""
+    assert kernels.__all__ == sorted(["CLOBBERS", "COMPILES", "EXACT", "EXACT_MATHS", *SPECS])
+    assert kernels.EXACT == {"rope": True}
     assert set(kernels.CLOBBERS) == set(SPECS)
     for name, spec in SPECS.items():
         expected = {"Q", "K"} if name == "rope" else set(spec.buffers_hold_outputs.values())
