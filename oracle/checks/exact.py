@@ -9,7 +9,7 @@ Note [Exact bits]
     for a tensor, each case compares bits (+0 and -0 alike, any NaN alike any NaN) and fails with the
     count of differing elements and the first of them. It is a promise an implementation makes where
     every rounding step is HF's given the same inputs: RoPE's products and sums (no reduction), not
-    a norm whose float32 statistics another summation order moves (docs/design.md §4).
+    a norm whose float32 statistics another summation order moves (docs/design.md §3).
 """
 
 from __future__ import annotations
