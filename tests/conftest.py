@@ -34,8 +34,15 @@ def once_per_session(tmp_path_factory, name: str, make) -> dict:
 
 def report_runs(runs: dict[str, list], timeout: int = 900) -> dict[str, subprocess.CompletedProcess]:
     """Several ``python -m oracle.report`` runs at once (name -> arguments), each in its own process."""
-    started = {name: subprocess.Popen([sys.executable, "-m", "oracle.report", *map(str, args)], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, cwd=ROOT) for name, args in runs.items()}
+    return module_runs("oracle.report", runs, timeout)
+
+
+def module_runs(module: str, runs: dict[str, list], timeout: int = 900,
+                env: dict | None = None) -> dict[str, subprocess.CompletedProcess]:
+    """Several ``python -m MODULE`` runs at once (name -> arguments), each in its own process."""
+    started = {name: subprocess.Popen([sys.executable, "-m", module, *map(str, args)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+               for name, args in runs.items()}
     done = {}
     for name, proc in started.items():
         out, err = proc.communicate(timeout=timeout)

@@ -86,30 +86,20 @@ def _scaled(**options) -> Op:
 def test_an_ops_exact_binds_every_implementation():
     spec = _scaled(exact=("Y",)).spec
     assert spec.exact == ("Y",)
-    SPECS[spec.name] = spec
-    try:
-        same = Implementation("same", SimpleNamespace(scaled_tenth_exact=lambda X: X * 0.1))
-        rounded_once = Implementation("once", SimpleNamespace(scaled_tenth_exact=lambda X: (X.double() * 0.1).float()))
-        cases = [case for case in spec.stratified("float32", CPU_BUDGET) if spec.long(case)] or \
-            spec.stratified("float32", CPU_BUDGET)
-        assert all(engine.run_case(spec, case, same, "cpu").passed for case in cases)
-        results = [engine.run_case(spec, case, rounded_once, "cpu") for case in cases]
-        assert all(all(v.passed for v in r.verdicts) for r in results)  # as precise as HF
-        found = [_exact_findings(r)["Y"] for r in results if "Y" in _exact_findings(r)]
-        assert found and "the op scaled_tenth_exact promises" in found[0].message, [r.explain() for r in results]
-    finally:
-        del SPECS[spec.name]
+    same = Implementation("same", SimpleNamespace(scaled_tenth_exact=lambda X: X * 0.1))
+    rounded_once = Implementation("once", SimpleNamespace(scaled_tenth_exact=lambda X: (X.double() * 0.1).float()))
+    cases = spec.stratified("float32", CPU_BUDGET)
+    assert all(engine.run_case(spec, case, same, "cpu").passed for case in cases)
+    results = [engine.run_case(spec, case, rounded_once, "cpu") for case in cases]
+    assert all(all(v.passed for v in r.verdicts) for r in results)  # as precise as HF
+    found = [_exact_findings(r)["Y"] for r in results if "Y" in _exact_findings(r)]
+    assert found and "the op scaled_tenth_exact promises" in found[0].message, [r.explain() for r in results]
 
 
 def test_an_op_without_exact_keeps_a_changed_rounding_as_drift():
     spec = _scaled().spec
     rounded_once = Implementation("once", SimpleNamespace(scaled_tenth_exact=lambda X: (X.double() * 0.1).float()))
-    SPECS[spec.name] = spec
-    try:
-        assert all(engine.run_case(spec, case, rounded_once, "cpu").passed
-                   for case in spec.stratified("float32", CPU_BUDGET))
-    finally:
-        del SPECS[spec.name]
+    assert all(engine.run_case(spec, case, rounded_once, "cpu").passed for case in spec.stratified("float32", CPU_BUDGET))
 
 
 def test_mistakes_are_named():

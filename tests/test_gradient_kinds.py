@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,8 +20,7 @@ from oracle.declare.registry import SPECS
 from oracle.declare.spec import fill, generator, upstream_gradient
 from oracle.engine.devices import default_device
 from oracle.ops import MODULES
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import module_runs
 
 
 def _case(kind: str, layout: str = "contiguous", dtype: str = "bfloat16", seed: int = 3, rows: int = 3,
@@ -148,17 +145,11 @@ def test_a_sixteen_bit_row_sum_fails_only_under_a_gradient_along_the_output(dtyp
 def _suites(*impls: str) -> list[subprocess.CompletedProcess]:
     """The generic suite on the norm as a user declares it (no one-column rows), derandomized: one
     run per implementation, side by side."""
-    started = [subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-                                 "--pyargs", "oracle.suite", "--op-module", "tests.sixteen_bit_norm",
-                                 "--impl", f"tests.sixteen_bit_norm:{impl}", "--ops", "wide_rms_norm",
-                                 "-k", "matches_hf"],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "CI": "true"}) for impl in impls]
-    done = []
-    for proc in started:
-        out, err = proc.communicate(timeout=600)
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    return done
+    runs = {impl: ["-q", "-p", "no:xdist", "-p", "no:cacheprovider", "--pyargs", "oracle.suite", "--op-module",
+                   "tests.sixteen_bit_norm", "--impl", f"tests.sixteen_bit_norm:{impl}", "--ops", "wide_rms_norm",
+                   "-k", "matches_hf"] for impl in impls}
+    done = module_runs("pytest", runs, timeout=600, env={**os.environ, "CI": "true"})
+    return [done[impl] for impl in impls]
 
 
 def test_the_suite_fails_the_sixteen_bit_sum_and_passes_the_float32_one():
