@@ -87,7 +87,7 @@ def test_a_list_of_ops_is_seen(tmp_path):
 LAYERS = {
     "interpreter": ("oracle.interpreter",),
     "core": ("oracle.errors", "oracle.declare", "oracle.cases", "oracle.noise", "oracle.verdict", "oracle.checks",
-             "oracle.engine"),
+             "oracle.engine", "oracle.kernel_coverage"),
     "declarations": ("oracle.ops",),
     "tools": ("oracle.environment", "oracle.pytest_plugin", "oracle.suite", "oracle.report", "oracle.repro",
               "oracle.sanitize", "oracle.bench"),

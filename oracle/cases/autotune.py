@@ -32,6 +32,7 @@ import sys
 import types
 
 from oracle.interpreter.patches import unpatched
+from oracle.kernel_coverage import RECORDER
 
 # One state for the whole process, not per thread: autograd runs a GPU backward on a thread of its
 # own, so a thread-local pin left every backward kernel autotuning on the H200 (Liger's DyT: 18
@@ -106,6 +107,7 @@ def _pinned_run(original):
         candidates = candidates or list(self.configs)  # triton 3.6's top_k pruning can leave none
         config = candidates[(case or 0) % len(candidates)]
         _record(_kernel_name(self), config)
+        RECORDER.config_ran(self, config, len(self.configs))
         every = self.configs
         self.configs = [config]
         try:

@@ -51,6 +51,7 @@ from types import SimpleNamespace
 
 import torch
 
+from oracle import kernel_coverage
 from oracle import interpreter
 from oracle.declare.registry import SPECS
 from oracle.cases import autotune
@@ -412,7 +413,13 @@ def _adapter(name: str):
 @functools.cache
 def load(name: str) -> Implementation:
     """``kernels``, ``hf``, ``compile``, a vendor's adapter (``liger``, ...), or ``package.module:attr``
-    (attr may be dotted)."""
+    (attr may be dotted). Kernel coverage hooks the Triton it brings, before any kernel launches."""
+    loaded = _load(name)
+    kernel_coverage.install()
+    return loaded
+
+
+def _load(name: str) -> Implementation:
     if name in BUILTIN:
         return Implementation(name, BUILTIN[name]())
     if name in ADAPTERS:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from oracle import noise
+from oracle import kernel_coverage, noise
 from oracle.cases import autotune
 from oracle.declare import reference as R
 from oracle.cases import scale
@@ -51,7 +51,7 @@ COVERAGE: Counter = Counter()
 # after, so that a crash that kills the process can still be traced to it (the pytest plugin
 # records it for xdist); and so that an autotuned kernel runs the one config the case's number
 # chooses, in every tool (oracle/cases/autotune.py, Note [One config per case]).
-INFLIGHT_HOOKS: list[Callable] = [autotune.case_hook]
+INFLIGHT_HOOKS: list[Callable] = [autotune.case_hook, kernel_coverage.case_hook]
 
 
 @dataclass(frozen=True)

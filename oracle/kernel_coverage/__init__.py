@@ -1,0 +1,10 @@
+"""Kernel coverage: which lines of each Triton kernel ran (under the CPU interpreter), which constexpr
+specialisations launched, which autotune configs were judged; per op, merged over processes
+(docs/design.md §7)."""
+
+from oracle.kernel_coverage.collect import OUTSIDE, RECORDER, Recorder, capture, case_hook, install
+from oracle.kernel_coverage.source import KernelSource, kernel_source
+from oracle.kernel_coverage.summary import merge, op_lines, ranges, summary_lines, unreached
+
+__all__ = ["OUTSIDE", "RECORDER", "KernelSource", "Recorder", "capture", "case_hook", "install", "kernel_source",
+           "merge", "op_lines", "ranges", "summary_lines", "unreached"]
