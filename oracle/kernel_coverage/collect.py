@@ -48,7 +48,8 @@ class KernelRecord:
     traced: bool = False  # its statements were probed (the interpreter ran it; Note [Probes, not a tracer])
 
     def to_json(self) -> dict:
-        return {"name": self.source.name, "file": self.source.file, "first_line": self.source.first_line,
+        return {"name": self.source.name, "file": self.source.file, "module": self.source.module,
+                "first_line": self.source.first_line,
                 "statements": sorted(self.source.statements), "hits": sorted(self.hits & self.source.statements),
                 "specialisations": dict(self.specialisations), "configs": dict(self.configs),
                 "configs_total": self.configs_total, "launched": self.launched, "traced": self.traced}

@@ -18,6 +18,7 @@ class KernelSource:
     first_line: int  # the ``def`` line's number in the file
     lines: tuple[str, ...]  # the function's source, decorators excluded, first_line onwards
     statements: frozenset[int]  # file line numbers of the statements that can run (docstring excluded)
+    module: str = ""  # the module that defines it (mutation testing imports a mutant under this name)
 
     @property
     def key(self) -> str:
@@ -60,7 +61,8 @@ def _read(fn) -> KernelSource | None:
     function = tree.body[0]
     statements = {node.lineno for node in ast.walk(function)
                   if isinstance(node, ast.stmt) and node is not function and not _is_docstring(function, node)}
-    return KernelSource(fn.__name__, file, first, tuple(line.rstrip("\n") for line in body), frozenset(statements))
+    return KernelSource(fn.__name__, file, first, tuple(line.rstrip("\n") for line in body), frozenset(statements),
+                        getattr(fn, "__module__", "") or "")
 
 
 def _is_docstring(function: ast.FunctionDef, node: ast.stmt) -> bool:
