@@ -90,7 +90,7 @@ LAYERS = {
              "oracle.engine", "oracle.kernel_coverage"),
     "declarations": ("oracle.ops",),
     "tools": ("oracle.environment", "oracle.pytest_plugin", "oracle.suite", "oracle.report", "oracle.repro",
-              "oracle.sanitize", "oracle.bench"),
+              "oracle.sanitize", "oracle.bench", "oracle.mutate"),
 }
 # What each layer may import besides its own: only what lies below it.
 MAY_IMPORT = {

@@ -621,8 +621,10 @@ def exact_tensors(spec: OpSpec, impl: Implementation) -> dict[str, str]:
             for name in impl.exact(spec)}
 
 
-def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> CaseResult:
-    """Everything for one case; exceptions become an 'error' result carrying the traceback."""
+def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device,
+             observe: Callable[[ImplRun], None] | None = None) -> CaseResult:
+    """Everything for one case; exceptions become an 'error' result carrying the traceback.
+    ``observe`` sees the implementation's outputs and gradients (mutation testing compares bits)."""
     spec = SPECS[spec] if isinstance(spec, str) else spec
     start = time.perf_counter()
     result = CaseResult(case, impl.name, "pass")
@@ -637,6 +639,8 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device) -> Ca
         with scale.one_at_a_time(spec, case, device), time_limit(case.summary()):
             prepared = prepare(spec, case, device, maths=impl.maths(spec.name))
             run = run_impl(spec, case, impl, prepared, device)
+            if observe is not None:
+                observe(run)
             result.verdicts, unwritten = judge_all(spec, prepared, run, exact_tensors(spec, impl))
             result.findings = run.findings + unwritten
             result.scope, result.generic = prepared.scope, prepared.generic

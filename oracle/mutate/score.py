@@ -1,0 +1,93 @@
+"""What a mutation run found: each mutant's class, the score, and the survivors as a reader needs
+them (where, which bug class, the diff, and why it survived).
+
+Classes, as a kernel author acts on them:
+- ``killed``: a case failed (a verdict, an error, a crash, or a timeout, each of which fails the
+  suite the author runs);
+- ``not reached``: no case ran the mutated statement: a coverage gap, named by the branch conditions
+  the statement sits under and the specialisations the cases did launch;
+- ``equivalent``: every case that ran it passed with the unmutated kernel's bits exactly: nothing
+  any check can see, on these cases;
+- ``undetected``: cases ran it and its bits differ, yet every verdict passed: the gap to close.
+The score is killed / (all - equivalent)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from oracle.kernel_coverage.source import conditions_over
+from oracle.mutate.mutants import Mutant
+from oracle.mutate.runner import Outcome
+
+KILLED, NOT_REACHED, EQUIVALENT, UNDETECTED = "killed", "not reached", "equivalent", "undetected"
+
+
+@dataclass
+class Judged:
+    mutant: Mutant
+    verdict: str
+    reached: int  # how many items ran the mutated statement (all items for host code)
+    outcome: Outcome | None
+    why: str  # killed: the failure; not reached: what would reach it; otherwise what was compared
+
+    def to_json(self) -> dict:
+        return {**self.mutant.to_json(), "class": self.verdict, "reached": self.reached, "why": self.why,
+                "status": self.outcome.status if self.outcome else None,
+                "seconds": round(self.outcome.seconds, 3) if self.outcome else 0.0}
+
+
+def not_reached_why(mutant: Mutant, specialisations: list[str]) -> str:
+    conditions = conditions_over(mutant.file, mutant.function_line, mutant.line)
+    needs = " and ".join(f"`{c}`" for c in conditions) if conditions else "a launch of this code"
+    seen = "; ".join(specialisations[:3]) + (f" (+{len(specialisations) - 3} more)" if len(specialisations) > 3 else "")
+    return f"reached only under {needs}; the cases launched {mutant.function} with {seen or 'nothing'}"
+
+
+def judged(mutant: Mutant, reached: list[int], outcome: Outcome | None, baseline: dict, labels: list[str],
+           specialisations: list[str]) -> Judged:
+    if not reached:
+        return Judged(mutant, NOT_REACHED, 0, None, not_reached_why(mutant, specialisations))
+    if outcome.status != "pass":
+        where = labels[outcome.item] if outcome.item is not None else "before any case"
+        return Judged(mutant, KILLED, len(reached), outcome, f"{outcome.status} on {where}: {outcome.message}")
+    compared = [i for i in reached if baseline[i]["digest"] is not None]
+    differ = [i for i in compared if outcome.digests.get(i) != baseline[i]["digest"]]
+    if not differ and compared:
+        return Judged(mutant, EQUIVALENT, len(reached), outcome,
+                      f"bit-identical to the unmutated kernel on all {len(compared)} case(s) that ran it")
+    if not differ:  # only checks that compare no bits (float64's gradcheck) ran it
+        return Judged(mutant, UNDETECTED, len(reached), outcome,
+                      f"only {len(reached)} check(s) without a verdict on values ran it (float64), and they passed")
+    return Judged(mutant, UNDETECTED, len(reached), outcome,
+                  f"its bits differ on {len(differ)} of {len(compared)} case(s) that ran it (first: "
+                  f"{labels[differ[0]]}), and every verdict passed")
+
+
+def score(results: list[Judged]) -> float | None:
+    counted = [r for r in results if r.verdict != EQUIVALENT]
+    return sum(r.verdict == KILLED for r in counted) / len(counted) if counted else None
+
+
+def report_lines(results: list[Judged], title: str) -> list[str]:
+    counts = Counter(r.verdict for r in results)
+    value = score(results)
+    lines = [f"mutation score ({title}): " + (f"{value:.1%}" if value is not None else "n/a") +
+             f" - {counts[KILLED]} killed of {len(results) - counts[EQUIVALENT]} non-equivalent mutants "
+             f"({len(results)} in all)"]
+    how = Counter(r.outcome.status for r in results if r.verdict == KILLED)
+    lines.append(f"  killed {counts[KILLED]} (" + ", ".join(f"{n} by {k}" for k, n in sorted(how.items())) + ")")
+    lines.append(f"  equivalent {counts[EQUIVALENT]}, not reached {counts[NOT_REACHED]}, "
+                 f"reached but undetected {counts[UNDETECTED]}")
+    by_operator = Counter((r.mutant.operator, r.verdict == KILLED) for r in results if r.verdict != EQUIVALENT)
+    operators = sorted({r.mutant.operator for r in results})
+    lines.append("  per operator (killed/non-equivalent): " + ", ".join(
+        f"{op} {by_operator[(op, True)]}/{by_operator[(op, True)] + by_operator[(op, False)]}" for op in operators))
+    survivors = [r for r in results if r.verdict in (NOT_REACHED, UNDETECTED, EQUIVALENT)]
+    if survivors:
+        lines.append("survivors:")
+    for r in sorted(survivors, key=lambda r: (r.verdict, r.mutant.file, r.mutant.line)):
+        m = r.mutant
+        lines.append(f"  [{r.verdict}] {m.file}:{m.line} in {m.function}: {m.operator}: {r.why}")
+        lines += ["      " + line for line in m.diff().splitlines() if line[:1] in "+-" and line[:3] not in ("---", "+++")]
+    return lines

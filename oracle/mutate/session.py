@@ -1,0 +1,116 @@
+"""One mutation run: the baseline (split over the workers), the mutants of the kernels it launched,
+each mutant on the cases that reach it, and the report."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from oracle import kernel_coverage
+from oracle.declare.registry import SPECS
+from oracle.mutate import score
+from oracle.mutate.cases import items_of
+from oracle.mutate.mutants import Mutant, mutants_of_kernels
+from oracle.mutate.runner import Outcome, baseline_work, default_workers, mutant_work, run_all
+
+BASELINE_TIMEOUT_S = 1800.0
+FORK_AND_IMPORT_S = 30.0  # a child's own start: importing the implementation, compiling on a GPU
+
+
+class Session:
+    def __init__(self, impl: str, ops: list[str], operators: list[str], workers: int | None, device, gpu: bool,
+                 budget, dtypes: tuple[str, ...], float64: bool = True) -> None:
+        self.impl, self.ops, self.operators, self.device, self.gpu = impl, ops, set(operators), device, gpu
+        self.workers = workers or default_workers(gpu)
+        self.items = [item for op in ops for item in items_of(SPECS[op], budget, dtypes, float64)]
+        self.labels = [item.label() for item in self.items]
+        self.kills: Counter = Counter()  # item -> mutants it killed: the next mutants try it first
+
+    def baseline(self) -> tuple[dict, dict]:
+        """Per item its answer (status, lines, digest, seconds), and the kernels launched."""
+        chunks = [list(range(i, len(self.items), self.workers)) for i in range(min(self.workers, len(self.items)))]
+        jobs = [(n, (lambda chunk=chunk: baseline_work(self.items, chunk, self.impl, self.device)), BASELINE_TIMEOUT_S)
+                for n, chunk in enumerate(chunks)]
+        answers = run_all(jobs, self.workers)
+        items, kernels = {}, {}
+        for n, answer in answers.items():
+            if isinstance(answer, Outcome):  # the unmutated implementation crashed or raised
+                where = self.labels[answer.item] if answer.item is not None else "loading it"
+                raise RuntimeError(f"the unmutated {self.impl} {answer.status} on {where}: {answer.message}")
+            items.update({i: {**a, "lines": {tuple(pair) for pair in a["lines"]}} for i, a in answer["items"].items()})
+            kernel_coverage.merge(kernels, answer["kernels"])
+        return items, kernels
+
+    def reached(self, mutant: Mutant, passing: list[int], items: dict, traced: set[str]) -> list[int]:
+        if not mutant.jit or mutant.kernel_key not in traced:  # host code, or a GPU: no lines to go by
+            return passing
+        wanted = (mutant.kernel_key, mutant.statement)
+        return [i for i in passing if wanted in items[i]["lines"]]
+
+    def order(self, reached: list[int], items: dict) -> list[int]:
+        return sorted(reached, key=lambda i: (-self.kills[i], items[i]["seconds"]))
+
+    def run(self, limit: int | None, json_path: str | None, progress) -> int:
+        started = time.monotonic()
+        print(f"oracle.mutate: {self.impl} on {', '.join(self.ops)}: baseline of {len(self.items)} item(s) on "
+              f"{self.workers} worker(s), {self.device}", file=sys.stderr, flush=True)
+        try:
+            items, kernels = self.baseline()
+        except RuntimeError as exc:
+            print(f"oracle.mutate: {exc}", file=sys.stderr)
+            return 2
+        failing = [i for i, answer in items.items() if answer["status"] != "pass"]
+        for i in failing:
+            print(f"oracle.mutate: the unmutated {self.impl} fails {self.labels[i]}; left out of the mutant runs:\n"
+                  f"  {items[i]['message']}", file=sys.stderr)
+        passing = sorted(i for i in items if i not in failing)
+        records = [r for scope in kernels.values() for r in scope.values()]
+        unique = {(r["file"], r["name"]): r for r in records}
+        traced = {kernel_coverage.KernelSource(r["name"], r["file"], r["first_line"], (), frozenset()).key
+                  for r in records if r["traced"]}
+        mutants = [m for m in mutants_of_kernels(list(unique.values())) if m.operator in self.operators][:limit]
+        print(f"oracle.mutate: baseline {len(passing)} of {len(items)} item(s) passed in {time.monotonic() - started:.0f} s "
+              f"({sum(a['seconds'] for a in items.values()):.0f} s of work); {len(mutants)} mutant(s) of "
+              f"{len(unique)} kernel function(s) in {len({r['file'] for r in unique.values()})} file(s)",
+              file=sys.stderr, flush=True)
+        results = self.mutants(mutants, passing, items, traced, kernels, progress)
+        title = f"{self.impl} on {', '.join(self.ops)}, {self.device}"
+        print("\n".join(score.report_lines(results, title)))
+        print(f"oracle.mutate: {time.monotonic() - started:.0f} s in all", file=sys.stderr)
+        if json_path:
+            self.write(json_path, results, title, time.monotonic() - started)
+        return 0 if all(r.verdict in (score.KILLED, score.EQUIVALENT) for r in results) else 1
+
+    def mutants(self, mutants, passing, items, traced, kernels, progress) -> list[score.Judged]:
+        reach = {m.number: self.reached(m, passing, items, traced) for m in mutants}
+        seconds = {m.number: sum(items[i]["seconds"] for i in reach[m.number]) for m in mutants}
+
+        def make(m):
+            return lambda: mutant_work(m, self.items, self.order(reach[m.number], items), self.impl, self.device)
+
+        jobs = [(m.number, make(m), 3 * seconds[m.number] + FORK_AND_IMPORT_S) for m in mutants if reach[m.number]]
+        answers = run_all(jobs, self.workers, self._learning(progress(len(jobs), time.monotonic())))
+        specialisations = {}
+        for scope in kernels.values():
+            for r in scope.values():
+                specialisations.setdefault(r["name"], set()).update(r["specialisations"])
+        return [score.judged(m, reach[m.number], answers.get(m.number), items, self.labels,
+                             sorted(specialisations.get(m.function, ()))) for m in mutants]
+
+    def _learning(self, show):
+        def seen(answers):
+            for answer in answers.values():
+                if answer.status != "pass" and answer.item is not None and not getattr(answer, "_counted", False):
+                    self.kills[answer.item] += 1
+                    answer._counted = True
+            show(answers)
+        return seen
+
+    def write(self, path: str, results, title: str, seconds: float) -> None:
+        data = {"title": title, "impl": self.impl, "ops": self.ops, "device": str(self.device),
+                "items": len(self.items), "seconds": round(seconds, 1), "score": score.score(results),
+                "mutants": [r.to_json() for r in results]}
+        Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
