@@ -14,7 +14,6 @@ killed, 1 when some survived, 2 on bad usage or a baseline that already fails.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import Counter
