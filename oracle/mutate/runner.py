@@ -38,6 +38,7 @@ class Outcome:
     item: int | None = None  # the item that failed (or was running)
     message: str = ""
     digests: dict[int, str] = field(default_factory=dict)  # item -> its outputs' bits, where it passed
+    checks: list[str] = field(default_factory=list)  # what failed: "verdict", a finding's check, "float64", ...
     seconds: float = 0.0
 
 
@@ -54,8 +55,8 @@ def _digest(run) -> str:
     return h.hexdigest()
 
 
-def run_item(item: Item, impl, device) -> tuple[str, str, str | None]:
-    """(status, the failure's first lines, the outputs' digest) of one item."""
+def run_item(item: Item, impl, device) -> tuple[str, str, str | None, list[str]]:
+    """(status, the failure's first lines, the outputs' digest, the checks that failed) of one item."""
     from oracle.declare.registry import SPECS
     from oracle.engine import check_float64, run_case
 
@@ -64,14 +65,16 @@ def run_item(item: Item, impl, device) -> tuple[str, str, str | None]:
         try:
             check_float64(spec, item.case, impl, device)
         except Exception as exc:  # noqa: BLE001 - any failure of the check detects the mutant
-            return "fail", " ".join(str(exc).split())[:300], None
-        return "pass", "", None
+            return "fail", " ".join(str(exc).split())[:300], None, ["float64"]
+        return "pass", "", None, []
     seen: dict[str, str] = {}
     result = run_case(spec, item.case, impl, device, observe=lambda run: seen.update(digest=_digest(run)))
     if result.passed:
-        return "pass", "", seen.get("digest")
+        return "pass", "", seen.get("digest"), []
+    checks = (["verdict"] if any(not v.passed for v in result.verdicts) else []) + \
+        sorted({finding.check for finding in result.findings})
     text = result.error or result.explain()
-    return result.status, "\n".join(text.strip().splitlines()[:6]), None
+    return result.status, "\n".join(text.strip().splitlines()[:6]), None, checks or [result.status]
 
 
 class _ServeMutant(importlib.abc.MetaPathFinder):
@@ -121,7 +124,7 @@ def baseline_work(items: list[Item], chosen: list[int], impl_name: str, device):
             started(index)
             begin = time.perf_counter()
             with capture() as lines:
-                status, message, digest = run_item(items[index], impl, device)
+                status, message, digest, _ = run_item(items[index], impl, device)
             answers[index] = {"status": status, "message": message, "digest": digest, "lines": sorted(lines),
                               "seconds": time.perf_counter() - begin}
         return {"items": answers, "kernels": RECORDER.to_json()}
@@ -139,9 +142,9 @@ def mutant_work(mutant: Mutant, items: list[Item], order: list[int], impl_name: 
         begin = time.perf_counter()
         for index in order:
             started(index)
-            status, message, digest = run_item(items[index], impl, device)
+            status, message, digest, checks = run_item(items[index], impl, device)
             if status != "pass":
-                outcome = Outcome(status, index, message)
+                outcome = Outcome(status, index, message, checks=checks)
                 break
             outcome.digests[index] = digest
         outcome.seconds = time.perf_counter() - begin

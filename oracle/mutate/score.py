@@ -33,6 +33,7 @@ class Judged:
 
     def to_json(self) -> dict:
         return {**self.mutant.to_json(), "class": self.verdict, "reached": self.reached, "why": self.why,
+                "killed_by": killed_by(self) if self.verdict == KILLED else None,
                 "status": self.outcome.status if self.outcome else None,
                 "seconds": round(self.outcome.seconds, 3) if self.outcome else 0.0}
 
@@ -64,6 +65,24 @@ def judged(mutant: Mutant, reached: list[int], outcome: Outcome | None, baseline
                   f"{labels[differ[0]]}), and every verdict passed")
 
 
+def killed_by(result: Judged) -> str:
+    """The check that killed a mutant: the verdict on values, a finding's check (exact, guard-band,
+    ...), the float64 check, or the process itself (an error, a crash, a timeout)."""
+    if result.outcome.status in ("crash", "timeout"):
+        return result.outcome.status
+    return "+".join(result.outcome.checks) or result.outcome.status
+
+
+def catches(results: list[Judged]) -> dict[str, dict[str, int]]:
+    """Per check, the operators of the mutants it killed and how many."""
+    table: dict[str, Counter] = {}
+    for r in results:
+        if r.verdict == KILLED:
+            for check in killed_by(r).split("+"):
+                table.setdefault(check, Counter())[r.mutant.operator] += 1
+    return {check: dict(counter) for check, counter in sorted(table.items())}
+
+
 def score(results: list[Judged]) -> float | None:
     counted = [r for r in results if r.verdict != EQUIVALENT]
     return sum(r.verdict == KILLED for r in counted) / len(counted) if counted else None
@@ -75,7 +94,7 @@ def report_lines(results: list[Judged], title: str) -> list[str]:
     lines = [f"mutation score ({title}): " + (f"{value:.1%}" if value is not None else "n/a") +
              f" - {counts[KILLED]} killed of {len(results) - counts[EQUIVALENT]} non-equivalent mutants "
              f"({len(results)} in all)"]
-    how = Counter(r.outcome.status for r in results if r.verdict == KILLED)
+    how = Counter(killed_by(r) for r in results if r.verdict == KILLED)
     lines.append(f"  killed {counts[KILLED]} (" + ", ".join(f"{n} by {k}" for k, n in sorted(how.items())) + ")")
     lines.append(f"  equivalent {counts[EQUIVALENT]}, not reached {counts[NOT_REACHED]}, "
                  f"reached but undetected {counts[UNDETECTED]}")

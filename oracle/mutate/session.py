@@ -112,5 +112,6 @@ class Session:
     def write(self, path: str, results, title: str, seconds: float) -> None:
         data = {"title": title, "impl": self.impl, "ops": self.ops, "device": str(self.device),
                 "items": len(self.items), "seconds": round(seconds, 1), "score": score.score(results),
+                "catches": score.catches(results),
                 "mutants": [r.to_json() for r in results]}
         Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
