@@ -44,11 +44,17 @@ class Session:
             kernel_coverage.merge(kernels, answer["kernels"])
         return items, kernels
 
-    def reached(self, mutant: Mutant, passing: list[int], items: dict, traced: set[str]) -> list[int]:
+    def reached(self, mutant: Mutant, passing: list[int], items: dict, traced: set[str], kernels: dict) -> list[int]:
+        """The passing items that run the mutated statement: of the ops whose cases launched its
+        function (any function of its file, for host code), and where its lines were traced, those
+        whose cases ran that line."""
+        ops = {scope for scope, records in kernels.items()
+               if any(r["file"] == mutant.file and (r["name"] == mutant.function or not mutant.jit) for r in records.values())}
+        candidates = [i for i in passing if self.items[i].op in ops] if ops - {kernel_coverage.OUTSIDE} else passing
         if not mutant.jit or mutant.kernel_key not in traced:  # host code, or a GPU: no lines to go by
-            return passing
+            return candidates
         wanted = (mutant.kernel_key, mutant.statement)
-        return [i for i in passing if wanted in items[i]["lines"]]
+        return [i for i in candidates if wanted in items[i]["lines"]]
 
     def order(self, reached: list[int], items: dict) -> list[int]:
         return sorted(reached, key=lambda i: (-self.kills[i], items[i]["seconds"]))
@@ -62,11 +68,11 @@ class Session:
         except RuntimeError as exc:
             print(f"oracle.mutate: {exc}", file=sys.stderr)
             return 2
-        failing = [i for i, answer in items.items() if answer["status"] != "pass"]
+        failing = [i for i, answer in items.items() if answer["status"] not in ("pass", "skipped")]
         for i in failing:
             print(f"oracle.mutate: the unmutated {self.impl} fails {self.labels[i]}; left out of the mutant runs:\n"
                   f"  {items[i]['message']}", file=sys.stderr)
-        passing = sorted(i for i in items if i not in failing)
+        passing = sorted(i for i, answer in items.items() if answer["status"] == "pass")
         records = [r for scope in kernels.values() for r in scope.values()]
         unique = {(r["file"], r["name"]): r for r in records}
         traced = {kernel_coverage.KernelSource(r["name"], r["file"], r["first_line"], (), frozenset()).key
@@ -85,7 +91,7 @@ class Session:
         return 0 if all(r.verdict in (score.KILLED, score.EQUIVALENT) for r in results) else 1
 
     def mutants(self, mutants, passing, items, traced, kernels, progress) -> list[score.Judged]:
-        reach = {m.number: self.reached(m, passing, items, traced) for m in mutants}
+        reach = {m.number: self.reached(m, passing, items, traced, kernels) for m in mutants}
         seconds = {m.number: sum(items[i]["seconds"] for i in reach[m.number]) for m in mutants}
 
         def make(m):
