@@ -7,7 +7,7 @@ Per page (the tests are parametrized by it, and each lists all its problems as `
   commands, comments dropped, and before a command its ``VAR=value`` assignments and wrappers
   (``env``, ``timeout N``, ...). Where some line of a block has a ``$ `` prompt, only prompted lines
   are commands and the rest is their output. Then:
-  ``python -m oracle.report|repro|bench|sanitize ...`` must parse with that tool's own parser; any
+  ``python -m oracle.report|repro|bench|sanitize|mutate ...`` must parse with that tool's own parser; any
   other ``python -m oracle.X`` must be a module ``python -m`` can run; ``pytest ...`` may use only
   options pytest knows in this repository (its own, its installed plugins', oracle/pytest_plugin.py's)
   and name only test files that exist; ``pip install '.[extra,...]'`` only extras of pyproject.toml;
@@ -74,6 +74,7 @@ TOOL_PARSERS = {
     "oracle.repro": lambda argv: importlib.import_module("oracle.repro").parser().parse_args(argv),
     "oracle.bench": lambda argv: importlib.import_module("oracle.bench").parser().parse_args(argv),
     "oracle.sanitize": lambda argv: importlib.import_module("oracle.sanitize.__main__").parse(argv),
+    "oracle.mutate": lambda argv: importlib.import_module("oracle.mutate.__main__").parse(argv),
 }
 
 

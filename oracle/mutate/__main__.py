@@ -21,7 +21,8 @@ from collections import Counter
 from oracle.mutate import operators as operator_catalogue
 
 
-def _arguments(argv):
+def parse(argv):
+    """The command line, parsed (tests/test_docs.py checks the docs' commands with it)."""
     parser = argparse.ArgumentParser(prog="python -m oracle.mutate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--impl", default="kernels", help="the implementation (as --impl of pytest and the report)")
     parser.add_argument("--op-module", action="append", default=[], metavar="MODULE",
@@ -61,7 +62,7 @@ def _progress(total: int, started: float):
 
 
 def main(argv=None) -> int:
-    args = _arguments(argv)
+    args = parse(argv)
     from oracle import interpreter
 
     interpreter.choose_backend()

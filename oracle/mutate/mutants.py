@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -90,16 +91,49 @@ def _sites(function: ast.FunctionDef, jit: bool):
                 yield operator, node, context, replacement
 
 
-def mutants_of(file: str, module: str, kernels: set[str], first: int = 0) -> list[Mutant]:
-    """Every mutant of the named kernel functions of one file, and of the file's host code (the
-    operators marked ``host``), numbered from ``first``."""
+@functools.lru_cache(maxsize=64)
+def jit_callers(file: str) -> dict[str, frozenset[str]]:
+    """@triton.jit function -> the @triton.jit functions of the file that call it, at any depth: on a
+    GPU a helper is compiled into its callers, and only their launches are seen."""
+    tree = ast.parse(Path(file).read_text(encoding="utf-8"))
+    jitted = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and _is_jit(n)}
+    calls = {name: {c.func.id for c in ast.walk(f) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                    and c.func.id in jitted} for name, f in jitted.items()}
+    callers = {}
+    for name in jitted:
+        found, todo = set(), [name]
+        while todo:
+            callee = todo.pop()
+            for caller, called in calls.items():
+                if callee in called and caller not in found:
+                    found.add(caller)
+                    todo.append(caller)
+        callers[name] = frozenset(found)
+    return callers
+
+
+def launch_sites(file: str, kernel: str) -> list[tuple[str, int, int]]:
+    """(host function, its def line, the line) of each place in ``file`` that names ``kernel`` outside
+    a kernel: a launch (``kernel[grid](...)``, ``launch(kernel, ...)``) or a choice between kernels."""
+    tree = ast.parse(Path(file).read_text(encoding="utf-8"))
+    sites = []
+    for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and not _is_jit(n)):
+        for node in ast.walk(function):
+            if isinstance(node, ast.Name) and node.id == kernel and isinstance(node.ctx, ast.Load):
+                sites.append((function.name, function.lineno, node.lineno))
+    return sites
+
+
+def mutants_of(file: str, module: str, kernels: set[str] | None = None, first: int = 0) -> list[Mutant]:
+    """Every mutant of one file's @triton.jit functions (only those named in ``kernels``, when
+    given) and of its host code (the operators marked ``host``), numbered from ``first``."""
     text = Path(file).read_text(encoding="utf-8")
     tree = ast.parse(text)
     found: list[Mutant] = []
     seen: set[tuple] = set()
     for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
         jit = _is_jit(function)
-        if jit and function.name not in kernels:
+        if jit and kernels is not None and function.name not in kernels:
             continue
         parents = {child: node for node in ast.walk(function) for child in ast.iter_child_nodes(node)}
         for operator, node, _, replacement in _sites(function, jit):
@@ -121,12 +155,11 @@ def mutants_of(file: str, module: str, kernels: set[str], first: int = 0) -> lis
 
 
 def mutants_of_kernels(kernels: list[dict]) -> list[Mutant]:
-    """The mutants of every kernel recorded by kernel coverage (``Recorder.to_json()`` records),
-    file by file, numbered in order."""
-    by_file: dict[tuple[str, str], set[str]] = {}
-    for record in kernels:
-        by_file.setdefault((record["file"], record["module"]), set()).add(record["name"])
+    """The mutants of every file holding a kernel that kernel coverage recorded
+    (``Recorder.to_json()`` records): all its @triton.jit functions, launched or not (a kernel the
+    cases never launch is a coverage gap too), and its host code; file by file, numbered in order."""
+    files = sorted({(record["file"], record["module"]) for record in kernels})
     mutants: list[Mutant] = []
-    for (file, module), names in sorted(by_file.items()):
-        mutants += mutants_of(file, module, names, first=len(mutants))
+    for file, module in files:
+        mutants += mutants_of(file, module, first=len(mutants))
     return mutants

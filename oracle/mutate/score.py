@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from oracle.kernel_coverage.source import conditions_over
-from oracle.mutate.mutants import Mutant
+from oracle.mutate.mutants import Mutant, launch_sites
 from oracle.mutate.runner import Outcome
 
 KILLED, NOT_REACHED, EQUIVALENT, UNDETECTED = "killed", "not reached", "equivalent", "undetected"
@@ -38,15 +38,24 @@ class Judged:
                 "seconds": round(self.outcome.seconds, 3) if self.outcome else 0.0}
 
 
-def not_reached_why(mutant: Mutant, specialisations: list[str]) -> str:
+def not_reached_why(mutant: Mutant, specialisations: list[str] | None) -> str:
+    """What would reach a mutant no case ran; ``specialisations`` is None for a function no case
+    launched or called at all."""
     conditions = conditions_over(mutant.file, mutant.function_line, mutant.line)
     needs = " and ".join(f"`{c}`" for c in conditions) if conditions else "a launch of this code"
+    if specialisations is None:  # never launched: say where the host code would launch it
+        where = [f"{name} line {line}" + "".join(f" under `{c}`" for c in conditions_over(mutant.file, first, line))
+                 for name, first, line in launch_sites(mutant.file, mutant.function)]
+        return (f"the cases never launched {mutant.function}" +
+                (f" (named in {'; '.join(where[:3])})" if where else "") + f"; inside it, {needs}")
+    if not specialisations:  # a @triton.jit helper: its callers' launches are listed with them
+        return f"reached only under {needs}"
     seen = "; ".join(specialisations[:3]) + (f" (+{len(specialisations) - 3} more)" if len(specialisations) > 3 else "")
-    return f"reached only under {needs}; the cases launched {mutant.function} with {seen or 'nothing'}"
+    return f"reached only under {needs}; the cases launched {mutant.function} with {seen}"
 
 
 def judged(mutant: Mutant, reached: list[int], outcome: Outcome | None, baseline: dict, labels: list[str],
-           specialisations: list[str]) -> Judged:
+           specialisations: list[str] | None) -> Judged:
     if not reached:
         return Judged(mutant, NOT_REACHED, 0, None, not_reached_why(mutant, specialisations))
     if outcome.status != "pass":

@@ -13,7 +13,7 @@ from oracle import kernel_coverage
 from oracle.declare.registry import SPECS
 from oracle.mutate import score
 from oracle.mutate.cases import items_of
-from oracle.mutate.mutants import Mutant, mutants_of_kernels
+from oracle.mutate.mutants import Mutant, jit_callers, mutants_of_kernels
 from oracle.mutate.runner import Outcome, baseline_work, default_workers, mutant_work, run_all
 
 BASELINE_TIMEOUT_S = 1800.0
@@ -45,12 +45,14 @@ class Session:
         return items, kernels
 
     def reached(self, mutant: Mutant, passing: list[int], items: dict, traced: set[str], kernels: dict) -> list[int]:
-        """The passing items that run the mutated statement: of the ops whose cases launched its
-        function (any function of its file, for host code), and where its lines were traced, those
-        whose cases ran that line."""
+        """The passing items that run the mutated statement: those of the ops whose cases launched its
+        function or a kernel calling it (any kernel of its file, for host code), and where its lines
+        were traced, those whose cases ran that line. None for a kernel nobody launched."""
+        names = {mutant.function} | jit_callers(mutant.file).get(mutant.function, frozenset())
         ops = {scope for scope, records in kernels.items()
-               if any(r["file"] == mutant.file and (r["name"] == mutant.function or not mutant.jit) for r in records.values())}
-        candidates = [i for i in passing if self.items[i].op in ops] if ops - {kernel_coverage.OUTSIDE} else passing
+               if any(r["file"] == mutant.file and (r["name"] in names or not mutant.jit) for r in records.values())}
+        candidates = [i for i in passing if self.items[i].op in ops
+                      or (kernel_coverage.OUTSIDE in ops and self.items[i].kind == "float64")]
         if not mutant.jit or mutant.kernel_key not in traced:  # host code, or a GPU: no lines to go by
             return candidates
         wanted = (mutant.kernel_key, mutant.statement)
@@ -80,7 +82,7 @@ class Session:
         mutants = [m for m in mutants_of_kernels(list(unique.values())) if m.operator in self.operators][:limit]
         print(f"oracle.mutate: baseline {len(passing)} of {len(items)} item(s) passed in {time.monotonic() - started:.0f} s "
               f"({sum(a['seconds'] for a in items.values()):.0f} s of work); {len(mutants)} mutant(s) of "
-              f"{len(unique)} kernel function(s) in {len({r['file'] for r in unique.values()})} file(s)",
+              f"{len({(m.file, m.function) for m in mutants})} function(s) in {len({m.file for m in mutants})} file(s)",
               file=sys.stderr, flush=True)
         results = self.mutants(mutants, passing, items, traced, kernels, progress)
         title = f"{self.impl} on {', '.join(self.ops)}, {self.device}"
@@ -104,7 +106,8 @@ class Session:
             for r in scope.values():
                 specialisations.setdefault(r["name"], set()).update(r["specialisations"])
         return [score.judged(m, reach[m.number], answers.get(m.number), items, self.labels,
-                             sorted(specialisations.get(m.function, ()))) for m in mutants]
+                             sorted(specialisations[m.function]) if m.function in specialisations else None)
+                for m in mutants]
 
     def _learning(self, show):
         def seen(answers):
