@@ -329,6 +329,30 @@ def _stratified(op, dtype: str, budget: Budget) -> list[Case]:
         params = params_of(op, variant, lambda name, choices: choices[i // 2 % len(choices)])
         out.append(Case(op.name, variant, dtype, sizes, layout, values, params, seed=1000 + i, grad_layout=grad_layout,
                         grad_values=grad_values))
+    widest = max((_largest(op, c.dims) for c in out), default=0)
+    for j, sizes in enumerate(s for s in _widest(op, budget) if _largest(op, s) > widest):
+        variant = cycle[j % len(cycle)]
+        out.append(Case(op.name, variant, dtype, sizes, "contiguous", "normal",
+                        params_of(op, variant, lambda name, choices: choices[0]), seed=1000 + len(rows) + j))
+    return out
+
+
+def _widest(op, budget: Budget) -> list[dict]:
+    """Per dim (neither the programs dim nor a per-row one) with special sizes: the largest of them a
+    tensor of the budget holds, every other dim small. A kernel that takes another path for wide
+    rows (RMSNorm's looped forward and split backward past 16384 columns) is run there in every
+    profile, not only when hypothesis happens to draw that wide (mutation testing found both paths
+    never launched by the CI profile's cases on a CPU)."""
+    small = {n: _sized(d, 1 if d.programs else 7) for n, d in op.dims.items()}
+    out = []
+    for name, dim in op.dims.items():
+        if dim.programs or dim.per_row or not dim.special:
+            continue
+        for size in sorted((s for s in dim.special if dim.low <= s <= dim.high), reverse=True):
+            sizes = _related(op, {**small, name: _sized(dim, size)})
+            if _largest(op, sizes) <= budget.elements:
+                out.append(sizes)
+                break
     return out
 
 
