@@ -15,6 +15,8 @@
 #   bash scripts/h200.sh liger-peer                     # carry .peers: Liger-Kernel 0.8.5's wheel (peers/liger)
 #   bash scripts/h200.sh liger-autotune liger-peer-report liger-scale-margin  # .peers also holds 0.6.4's under .peers/old
 #   bash scripts/h200.sh unsloth-peer                   # carry .peers: unsloth and unsloth_zoo 2026.10.9 (peers/unsloth)
+#   bash scripts/h200.sh mutate                         # python -m oracle.mutate on every built-in op (one call, <= 8 min)
+#   MUTATE_LIGER_OPS="layer_norm softmax" bash scripts/h200.sh mutate-liger mutate-unsloth  # carry .peers
 # With several GPUs, `monitor` logs each GPU's utilisation and memory every 2 s until the call ends.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -51,6 +53,22 @@ for step in "$@"; do
         tests/test_runtime.py tests/test_ops.py tests/test_engine.py tests/test_aliasing.py 2>&1 | tee "$OUT/pytest-smoke.log" | tail -45;;
     monitor)
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/gpu-usage.csv" &;;
+    mutate)  # mutation testing of this repository's kernels, every built-in op at once (docs/howto/how-strong-is-my-test.md)
+      timeout ${MUTATE_TIMEOUT:-480} python3 -m oracle.mutate --impl kernels ${MUTATE_OPS:+--ops $(echo $MUTATE_OPS | tr ' ' ,)} \
+        --json "$OUT/mutate-kernels-h200.json" > "$OUT/mutate-kernels-h200.txt" 2> "$OUT/mutate-kernels-h200.err"
+      echo "mutate exit $?"; grep -v "^      " "$OUT/mutate-kernels-h200.txt" | head -40; tail -3 "$OUT/mutate-kernels-h200.err";;
+    mutate-liger)  # Liger-Kernel 0.8.5's declared ops (peers/liger; carry .peers)
+      liger_peer timeout ${MUTATE_TIMEOUT:-300} python3 -m oracle.mutate --op-module peers.liger.ops \
+        --impl peers.liger.impl:impl --ops "$(echo ${MUTATE_LIGER_OPS:-$LIGER_OPS} | tr ' ' ,)" \
+        --json "$OUT/mutate-liger-h200.json" > "$OUT/mutate-liger-h200.txt" 2> "$OUT/mutate-liger-h200.err"
+      echo "mutate-liger exit $?"; grep -v "^      " "$OUT/mutate-liger-h200.txt" | head -30; tail -3 "$OUT/mutate-liger-h200.err";;
+    mutate-unsloth)  # Unsloth's declared ops (peers/unsloth; carry .peers)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/unsloth .peers/unsloth*.whl 2>&1 \
+        | grep -v "already exists" || true
+      PYTHONPATH="$PWD:/tmp/unsloth" timeout ${MUTATE_TIMEOUT:-300} python3 -m oracle.mutate --op-module peers.unsloth.ops \
+        --impl peers.unsloth.impl:impl --json "$OUT/mutate-unsloth-h200.json" > "$OUT/mutate-unsloth-h200.txt" \
+        2> "$OUT/mutate-unsloth-h200.err"
+      echo "mutate-unsloth exit $?"; grep -v "^      " "$OUT/mutate-unsloth-h200.txt" | head -30; tail -3 "$OUT/mutate-unsloth-h200.err";;
     landing)  # one call of at most 8 minutes (docs/howto/gpu-scale-and-sanitizer.md): failures named as they come (-v
       # into the log), so a run cut by its limit still tells which; each line stamped with its second, so that
       # scripts/worker_timeline.py can say where the wall time went; then a short random sample of the generic suite

@@ -67,7 +67,7 @@ def main(argv=None) -> int:
 
     interpreter.choose_backend()
     from oracle.declare.registry import SPECS, load_declared
-    from oracle.engine.devices import case_budget, default_device, native_gpu
+    from oracle.engine.devices import case_budget, native_gpu
     from oracle.errors import DeclarationError
 
     try:
@@ -91,8 +91,8 @@ def main(argv=None) -> int:
         return _fail(f"--dtypes takes some of {', '.join(FLOAT_DTYPES)}, got {args.dtypes!r}")
     from oracle.mutate.session import Session
 
-    session = Session(args.impl, ops, chosen, args.workers, default_device(), native_gpu(), case_budget(),
-                      dtypes, float64=not args.no_float64)
+    session = Session(args.impl, ops, chosen, args.workers, native_gpu(), case_budget(), dtypes,
+                      float64=not args.no_float64, op_modules=tuple(args.op_module))
     return session.run(args.limit, args.json, _progress)
 
 

@@ -3,9 +3,10 @@
 Note [A process per mutant]
     A mutant is a kernel file with one edit. It is imported in a child process, under the module's
     own name, through an import hook that serves the edited copy for that one module (the rest of
-    the package is the user's, unchanged, and nothing on disk is touched). The parent imports the
-    harness, torch and Triton once but never the implementation (its kernels, its torch.library
-    registrations) and never initialises CUDA, so that each fork starts clean and cheap. A mutant
+    the package is the user's, unchanged, and nothing on disk is touched). The process each child is
+    forked from has imported the harness, torch and Triton but never the implementation (its
+    kernels, its torch.library registrations), and never touched CUDA (on a GPU it is a fork
+    server), so that each child starts clean and cheap. A mutant
     that crashes the process (a segfault under the interpreter, an illegal address on a GPU) or
     loops forever kills only its child: a crash or a timeout counts as detected, as it fails the
     user's suite. The child reports each item it starts, so that a crash names the case.
@@ -104,10 +105,16 @@ def _install_mutant(mutant: Mutant) -> None:
     sys.meta_path.insert(0, _ServeMutant(mutant.module, copy, Path(mutant.file)))
 
 
-def _child(conn, work) -> None:
+def _child(conn, kind: str, payload: dict) -> None:
     try:
         torch.set_num_threads(1)
-        result = work(lambda index: conn.send(("item", index)))
+        from oracle.declare.registry import load_declared
+        from oracle.engine.devices import default_device
+
+        load_declared(payload["op_modules"])
+        work = baseline_work if kind == "baseline" else mutant_work
+        result = work(**{k: v for k, v in payload.items() if k != "op_modules"}, device=default_device(),
+                      started=lambda index: conn.send(("item", index)))
         conn.send(("done", result))
     except BaseException:  # noqa: BLE001 - whatever happens is the parent's to report
         conn.send(("done", Outcome("error", message=traceback.format_exc(limit=-4))))
@@ -115,45 +122,41 @@ def _child(conn, work) -> None:
         conn.close()
 
 
-def baseline_work(items: list[Item], chosen: list[int], impl_name: str, device):
+def baseline_work(items: list[Item], chosen: list[int], impl: str, device, started) -> dict:
     """The unmutated implementation on ``chosen`` items: per item its outcome, the (kernel, line)
     pairs it ran and its time; and the kernels it launched (kernel coverage's records)."""
-    def work(started):
-        from oracle.declare.implementations import load
-        from oracle.kernel_coverage import RECORDER, capture
+    from oracle.declare.implementations import load
+    from oracle.kernel_coverage import RECORDER, capture
 
-        impl = load(impl_name)
-        answers = {}
-        for index in chosen:
-            started(index)
-            begin = time.perf_counter()
-            with capture() as lines:
-                status, message, digest, _ = run_item(items[index], impl, device)
-            answers[index] = {"status": status, "message": message, "digest": digest, "lines": sorted(lines),
-                              "seconds": time.perf_counter() - begin}
-        return {"items": answers, "kernels": RECORDER.to_json()}
-    return work
-
-
-def mutant_work(mutant: Mutant, items: list[Item], order: list[int], impl_name: str, device):
-    """The mutant on ``order``'s items until one fails."""
-    def work(started):
-        _install_mutant(mutant)
-        from oracle.declare.implementations import load
-
-        impl = load(impl_name)
-        outcome = Outcome("pass")
+    loaded = load(impl)
+    answers = {}
+    for index in chosen:
+        started(index)
         begin = time.perf_counter()
-        for index in order:
-            started(index)
-            status, message, digest, checks = run_item(items[index], impl, device)
-            if status != "pass":
-                outcome = Outcome(status, index, message, checks=checks)
-                break
-            outcome.digests[index] = digest
-        outcome.seconds = time.perf_counter() - begin
-        return outcome
-    return work
+        with capture() as lines:
+            status, message, digest, _ = run_item(items[index], loaded, device)
+        answers[index] = {"status": status, "message": message, "digest": digest, "lines": sorted(lines),
+                          "seconds": time.perf_counter() - begin}
+    return {"items": answers, "kernels": RECORDER.to_json()}
+
+
+def mutant_work(mutant: Mutant, items: list[Item], order: list[int], impl: str, device, started) -> Outcome:
+    """The mutant on ``order``'s items until one fails."""
+    _install_mutant(mutant)
+    from oracle.declare.implementations import load
+
+    loaded = load(impl)
+    outcome = Outcome("pass")
+    begin = time.perf_counter()
+    for index in order:
+        started(index)
+        status, message, digest, checks = run_item(items[index], loaded, device)
+        if status != "pass":
+            outcome = Outcome(status, index, message, checks=checks)
+            break
+        outcome.digests[index] = digest
+    outcome.seconds = time.perf_counter() - begin
+    return outcome
 
 
 # --- in the parent ---------------------------------------------------------------------------------
@@ -166,17 +169,29 @@ class _Running:
     item: int | None = None
 
 
-def run_all(jobs: list[tuple[object, object, float]], workers: int, progress=None) -> dict:
-    """Run each (key, make_work, timeout) in a forked child, ``workers`` at a time; key -> the
-    work's answer, or an Outcome for a crash or a timeout (Note [A process per mutant]). The work is
-    made when its child starts, so that it can use what earlier answers taught."""
-    context = multiprocessing.get_context("fork")
+def _context(gpu: bool):
+    """Fork from this process on a CPU; on a GPU from a fork server, a process that imported the
+    harness but never touched CUDA (this one has asked CUDA how many devices there are, and CUDA
+    does not survive a fork after that)."""
+    if not gpu:
+        return multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["oracle.mutate.runner", "oracle.engine"])
+    return context
+
+
+def run_all(jobs: list[tuple[object, object, float]], workers: int, gpu: bool = False, progress=None) -> dict:
+    """Run each (key, make_job, timeout) in a child process, ``workers`` at a time; make_job() gives
+    (kind, payload) for ``_child``. key -> the work's answer, or an Outcome for a crash or a timeout
+    (Note [A process per mutant]). A job is made when its child starts, so that it can use what
+    earlier answers taught."""
+    context = _context(gpu)
     pending, running, answers = list(jobs), {}, {}
     while pending or running:
         while pending and len(running) < workers:
-            key, make_work, timeout = pending.pop(0)
+            key, make_job, timeout = pending.pop(0)
             parent, child = context.Pipe(duplex=False)
-            process = context.Process(target=_child, args=(child, make_work()), daemon=True)
+            process = context.Process(target=_child, args=(child, *make_job()), daemon=True)
             process.start()
             child.close()
             running[parent] = _Running(process, key, time.monotonic() + timeout)

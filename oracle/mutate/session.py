@@ -14,16 +14,17 @@ from oracle.declare.registry import SPECS
 from oracle.mutate import score
 from oracle.mutate.cases import items_of
 from oracle.mutate.mutants import Mutant, jit_callers, mutants_of_kernels
-from oracle.mutate.runner import Outcome, baseline_work, default_workers, mutant_work, run_all
+from oracle.mutate.runner import Outcome, default_workers, run_all
 
 BASELINE_TIMEOUT_S = 1800.0
 FORK_AND_IMPORT_S = 30.0  # a child's own start: importing the implementation, compiling on a GPU
 
 
 class Session:
-    def __init__(self, impl: str, ops: list[str], operators: list[str], workers: int | None, device, gpu: bool,
-                 budget, dtypes: tuple[str, ...], float64: bool = True) -> None:
-        self.impl, self.ops, self.operators, self.device, self.gpu = impl, ops, set(operators), device, gpu
+    def __init__(self, impl: str, ops: list[str], operators: list[str], workers: int | None, gpu: bool,
+                 budget, dtypes: tuple[str, ...], float64: bool = True, op_modules: tuple[str, ...] = ()) -> None:
+        self.impl, self.ops, self.operators, self.gpu, self.op_modules = impl, ops, set(operators), gpu, list(op_modules)
+        self.device = "cuda" if gpu else "cpu"  # each child picks its own (oracle.engine.devices.default_device)
         self.workers = workers or default_workers(gpu)
         self.items = [item for op in ops for item in items_of(SPECS[op], budget, dtypes, float64)]
         self.labels = [item.label() for item in self.items]
@@ -32,9 +33,10 @@ class Session:
     def baseline(self) -> tuple[dict, dict]:
         """Per item its answer (status, lines, digest, seconds), and the kernels launched."""
         chunks = [list(range(i, len(self.items), self.workers)) for i in range(min(self.workers, len(self.items)))]
-        jobs = [(n, (lambda chunk=chunk: baseline_work(self.items, chunk, self.impl, self.device)), BASELINE_TIMEOUT_S)
+        jobs = [(n, (lambda chunk=chunk: ("baseline", {"items": self.items, "chosen": chunk, "impl": self.impl,
+                                                        "op_modules": self.op_modules})), BASELINE_TIMEOUT_S)
                 for n, chunk in enumerate(chunks)]
-        answers = run_all(jobs, self.workers)
+        answers = run_all(jobs, self.workers, self.gpu)
         items, kernels = {}, {}
         for n, answer in answers.items():
             if isinstance(answer, Outcome):  # the unmutated implementation crashed or raised
@@ -97,10 +99,11 @@ class Session:
         seconds = {m.number: sum(items[i]["seconds"] for i in reach[m.number]) for m in mutants}
 
         def make(m):
-            return lambda: mutant_work(m, self.items, self.order(reach[m.number], items), self.impl, self.device)
+            return lambda: ("mutant", {"mutant": m, "items": self.items, "order": self.order(reach[m.number], items),
+                                       "impl": self.impl, "op_modules": self.op_modules})
 
         jobs = [(m.number, make(m), 3 * seconds[m.number] + FORK_AND_IMPORT_S) for m in mutants if reach[m.number]]
-        answers = run_all(jobs, self.workers, self._learning(progress(len(jobs), time.monotonic())))
+        answers = run_all(jobs, self.workers, self.gpu, self._learning(progress(len(jobs), time.monotonic())))
         specialisations = {}
         for scope in kernels.values():
             for r in scope.values():
