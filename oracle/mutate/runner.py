@@ -20,6 +20,7 @@ import importlib.util
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -95,8 +96,7 @@ class _ServeMutant(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(fullname, self.path, submodule_search_locations=package)
 
 
-def _install_mutant(mutant: Mutant) -> None:
-    folder = Path(tempfile.mkdtemp(prefix=f"oracle-mutant-{mutant.number}-"))
+def _install_mutant(mutant: Mutant, folder: Path) -> None:
     copy = folder / Path(mutant.file).name
     copy.write_text(mutant.source(), encoding="utf-8")
     top = mutant.module.split(".")[0]
@@ -140,9 +140,20 @@ def baseline_work(items: list[Item], chosen: list[int], impl: str, device, start
     return {"items": answers, "kernels": RECORDER.to_json()}
 
 
-def mutant_work(mutant: Mutant, items: list[Item], order: list[int], impl: str, device, started) -> Outcome:
-    """The mutant on ``order``'s items until one fails."""
-    _install_mutant(mutant)
+def mutant_work(mutant: Mutant, items: list[Item], order: list[int], impl: str, scratch: str, device,
+                started) -> Outcome:
+    """The mutant on ``order``'s items until one fails; its edited file lives in a folder under
+    ``scratch``, which the parent removes in the end (a crashed child cannot)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"mutant-{mutant.number}-", dir=scratch))
+    try:
+        return _judged_mutant(mutant, folder, items, order, impl, device, started)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _judged_mutant(mutant: Mutant, folder: Path, items: list[Item], order: list[int], impl: str, device,
+                   started) -> Outcome:
+    _install_mutant(mutant, folder)
     from oracle.declare.implementations import load
 
     loaded = load(impl)

@@ -4,7 +4,9 @@ each mutant on the cases that reach it, and the report."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -100,10 +102,14 @@ class Session:
 
         def make(m):
             return lambda: ("mutant", {"mutant": m, "items": self.items, "order": self.order(reach[m.number], items),
-                                       "impl": self.impl, "op_modules": self.op_modules})
+                                       "impl": self.impl, "op_modules": self.op_modules, "scratch": scratch})
 
         jobs = [(m.number, make(m), 3 * seconds[m.number] + FORK_AND_IMPORT_S) for m in mutants if reach[m.number]]
-        answers = run_all(jobs, self.workers, self.gpu, self._learning(progress(len(jobs), time.monotonic())))
+        scratch = tempfile.mkdtemp(prefix="oracle-mutate-")
+        try:
+            answers = run_all(jobs, self.workers, self.gpu, self._learning(progress(len(jobs), time.monotonic())))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         specialisations = {}
         for scope in kernels.values():
             for r in scope.values():
