@@ -1,6 +1,6 @@
 """Kernel coverage: which lines of each Triton kernel ran (under the CPU interpreter), which constexpr
 specialisations launched, which autotune configs were judged; per op, merged over processes
-(docs/design.md §7)."""
+(docs/design.md §9)."""
 
 from oracle.kernel_coverage.collect import OUTSIDE, RECORDER, Recorder, capture, case_hook, install
 from oracle.kernel_coverage.source import KernelSource, kernel_source
