@@ -31,7 +31,7 @@ def parse(argv):
     parser.add_argument("--operators", default=None,
                         help="comma-separated mutation operators (default: all: " +
                         ", ".join(op.name for op in operator_catalogue.OPERATORS) + ")")
-    parser.add_argument("--workers", type=int, default=None, help="processes at once (default: the cores; 8 on a GPU)")
+    parser.add_argument("--workers", type=int, default=None, help="processes at once (default: the cores)")
     parser.add_argument("--limit", type=int, default=None, help="test only the first N mutants (a quick look)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write every mutant and its class here")
     parser.add_argument("--dtypes", default=None, help="comma-separated dtypes of the cases (default: all three)")

@@ -65,8 +65,10 @@ def _edited(text: str, start: tuple[int, int], end: tuple[int, int], replacement
     return text[:a] + replacement + text[b:]
 
 
-def _is_jit(function: ast.FunctionDef) -> bool:
-    return any("jit" in ast.unparse(d) for d in function.decorator_list)
+def _is_jit(function: ast.FunctionDef, known: frozenset[str]) -> bool:
+    """A @triton.jit function: decorated so, or one the run launched as a kernel (``known``: a
+    library may wrap its functions with ``triton.jit`` after defining them)."""
+    return function.name in known or any("jit" in ast.unparse(d) for d in function.decorator_list)
 
 
 def _statement_of(node: ast.AST, parents: dict) -> ast.stmt:
@@ -92,11 +94,11 @@ def _sites(function: ast.FunctionDef, jit: bool):
 
 
 @functools.lru_cache(maxsize=64)
-def jit_callers(file: str) -> dict[str, frozenset[str]]:
+def jit_callers(file: str, known: frozenset[str] = frozenset()) -> dict[str, frozenset[str]]:
     """@triton.jit function -> the @triton.jit functions of the file that call it, at any depth: on a
     GPU a helper is compiled into its callers, and only their launches are seen."""
     tree = ast.parse(Path(file).read_text(encoding="utf-8"))
-    jitted = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and _is_jit(n)}
+    jitted = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and _is_jit(n, known)}
     calls = {name: {c.func.id for c in ast.walk(f) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
                     and c.func.id in jitted} for name, f in jitted.items()}
     callers = {}
@@ -112,19 +114,20 @@ def jit_callers(file: str) -> dict[str, frozenset[str]]:
     return callers
 
 
-def launch_sites(file: str, kernel: str) -> list[tuple[str, int, int]]:
+def launch_sites(file: str, kernel: str, known: frozenset[str] = frozenset()) -> list[tuple[str, int, int]]:
     """(host function, its def line, the line) of each place in ``file`` that names ``kernel`` outside
     a kernel: a launch (``kernel[grid](...)``, ``launch(kernel, ...)``) or a choice between kernels."""
     tree = ast.parse(Path(file).read_text(encoding="utf-8"))
     sites = []
-    for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and not _is_jit(n)):
+    for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and not _is_jit(n, known)):
         for node in ast.walk(function):
             if isinstance(node, ast.Name) and node.id == kernel and isinstance(node.ctx, ast.Load):
                 sites.append((function.name, function.lineno, node.lineno))
     return sites
 
 
-def mutants_of(file: str, module: str, kernels: set[str] | None = None, first: int = 0) -> list[Mutant]:
+def mutants_of(file: str, module: str, kernels: set[str] | None = None, first: int = 0,
+               known: frozenset[str] = frozenset()) -> list[Mutant]:
     """Every mutant of one file's @triton.jit functions (only those named in ``kernels``, when
     given) and of its host code (the operators marked ``host``), numbered from ``first``."""
     text = Path(file).read_text(encoding="utf-8")
@@ -132,7 +135,7 @@ def mutants_of(file: str, module: str, kernels: set[str] | None = None, first: i
     found: list[Mutant] = []
     seen: set[tuple] = set()
     for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
-        jit = _is_jit(function)
+        jit = _is_jit(function, known)
         if jit and kernels is not None and function.name not in kernels:
             continue
         parents = {child: node for node in ast.walk(function) for child in ast.iter_child_nodes(node)}
@@ -161,5 +164,10 @@ def mutants_of_kernels(kernels: list[dict]) -> list[Mutant]:
     files = sorted({(record["file"], record["module"]) for record in kernels})
     mutants: list[Mutant] = []
     for file, module in files:
-        mutants += mutants_of(file, module, first=len(mutants))
+        mutants += mutants_of(file, module, first=len(mutants), known=launched_in(kernels, file))
     return mutants
+
+
+def launched_in(kernels: list[dict], file: str) -> frozenset[str]:
+    """The functions of ``file`` that kernel coverage saw launched as kernels."""
+    return frozenset(r["name"] for r in kernels if r["file"] == file and r["launched"])

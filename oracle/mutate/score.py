@@ -38,14 +38,14 @@ class Judged:
                 "seconds": round(self.outcome.seconds, 3) if self.outcome else 0.0}
 
 
-def not_reached_why(mutant: Mutant, specialisations: list[str] | None) -> str:
+def not_reached_why(mutant: Mutant, specialisations: list[str] | None, known: frozenset[str] = frozenset()) -> str:
     """What would reach a mutant no case ran; ``specialisations`` is None for a function no case
     launched or called at all."""
     conditions = conditions_over(mutant.file, mutant.function_line, mutant.line)
     needs = " and ".join(f"`{c}`" for c in conditions) if conditions else "a launch of this code"
     if specialisations is None:  # never launched: say where the host code would launch it
         where = [f"{name} line {line}" + "".join(f" under `{c}`" for c in conditions_over(mutant.file, first, line))
-                 for name, first, line in launch_sites(mutant.file, mutant.function)]
+                 for name, first, line in launch_sites(mutant.file, mutant.function, known)]
         return (f"the cases never launched {mutant.function}" +
                 (f" (named in {'; '.join(where[:3])})" if where else "") + f"; inside it, {needs}")
     if not specialisations:  # a @triton.jit helper: its callers' launches are listed with them
@@ -55,9 +55,9 @@ def not_reached_why(mutant: Mutant, specialisations: list[str] | None) -> str:
 
 
 def judged(mutant: Mutant, reached: list[int], outcome: Outcome | None, baseline: dict, labels: list[str],
-           specialisations: list[str] | None) -> Judged:
+           specialisations: list[str] | None, known: frozenset[str] = frozenset()) -> Judged:
     if not reached:
-        return Judged(mutant, NOT_REACHED, 0, None, not_reached_why(mutant, specialisations))
+        return Judged(mutant, NOT_REACHED, 0, None, not_reached_why(mutant, specialisations, known))
     if outcome.status != "pass":
         where = labels[outcome.item] if outcome.item is not None else "before any case"
         return Judged(mutant, KILLED, len(reached), outcome, f"{outcome.status} on {where}: {outcome.message}")

@@ -15,7 +15,7 @@ from oracle import kernel_coverage
 from oracle.declare.registry import SPECS
 from oracle.mutate import score
 from oracle.mutate.cases import items_of
-from oracle.mutate.mutants import Mutant, jit_callers, mutants_of_kernels
+from oracle.mutate.mutants import Mutant, jit_callers, launched_in, mutants_of_kernels
 from oracle.mutate.runner import Outcome, default_workers, run_all
 
 BASELINE_TIMEOUT_S = 1800.0
@@ -52,7 +52,8 @@ class Session:
         """The passing items that run the mutated statement: those of the ops whose cases launched its
         function or a kernel calling it (any kernel of its file, for host code), and where its lines
         were traced, those whose cases ran that line. None for a kernel nobody launched."""
-        names = {mutant.function} | jit_callers(mutant.file).get(mutant.function, frozenset())
+        known = launched_in([r for records in kernels.values() for r in records.values()], mutant.file)
+        names = {mutant.function} | jit_callers(mutant.file, known).get(mutant.function, frozenset())
         ops = {scope for scope, records in kernels.items()
                if any(r["file"] == mutant.file and (r["name"] in names or not mutant.jit) for r in records.values())}
         candidates = [i for i in passing if self.items[i].op in ops
@@ -114,8 +115,10 @@ class Session:
         for scope in kernels.values():
             for r in scope.values():
                 specialisations.setdefault(r["name"], set()).update(r["specialisations"])
+        records = [r for scope in kernels.values() for r in scope.values()]
         return [score.judged(m, reach[m.number], answers.get(m.number), items, self.labels,
-                             sorted(specialisations[m.function]) if m.function in specialisations else None)
+                             sorted(specialisations[m.function]) if m.function in specialisations else None,
+                             launched_in(records, m.file))
                 for m in mutants]
 
     def _learning(self, show):
