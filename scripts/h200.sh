@@ -55,18 +55,26 @@ for step in "$@"; do
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/gpu-usage.csv" &;;
     mutate)  # mutation testing of this repository's kernels, every built-in op at once (docs/howto/how-strong-is-my-test.md)
       timeout ${MUTATE_TIMEOUT:-480} python3 -m oracle.mutate --impl kernels ${MUTATE_OPS:+--ops $(echo $MUTATE_OPS | tr ' ' ,)} \
+        --time-limit $(( ${MUTATE_TIMEOUT:-480} - 90 )) \
         --json "$OUT/mutate-kernels-h200.json" > "$OUT/mutate-kernels-h200.txt" 2> "$OUT/mutate-kernels-h200.err"
       echo "mutate exit $?"; grep -v "^      " "$OUT/mutate-kernels-h200.txt" | head -40; tail -3 "$OUT/mutate-kernels-h200.err";;
     mutate-liger)  # Liger-Kernel 0.8.5's declared ops (peers/liger; carry .peers)
       liger_peer timeout ${MUTATE_TIMEOUT:-300} python3 -m oracle.mutate --op-module peers.liger.ops \
         --impl peers.liger.impl:impl --ops "$(echo ${MUTATE_LIGER_OPS:-$LIGER_OPS} | tr ' ' ,)" \
+        --time-limit $(( ${MUTATE_TIMEOUT:-300} - 60 )) \
         --json "$OUT/mutate-liger-h200.json" > "$OUT/mutate-liger-h200.txt" 2> "$OUT/mutate-liger-h200.err"
       echo "mutate-liger exit $?"; grep -v "^      " "$OUT/mutate-liger-h200.txt" | head -30; tail -3 "$OUT/mutate-liger-h200.err";;
+    mutate-softmax)  # the tutorial's softmax (docs/howto/how-strong-is-my-test.md), on the GPU
+      (cd docs/tutorial && PYTHONPATH="$PWD/../..:$PWD" timeout ${MUTATE_TIMEOUT:-120} python3 -m oracle.mutate \
+        --op-module softmax_ops --impl softmax_triton:impl --ops softmax --json "$OUT/mutate-softmax-h200.json" \
+        > "$OUT/mutate-softmax-h200.txt" 2>/dev/null)
+      echo "mutate-softmax exit $?"; grep -v "^      " "$OUT/mutate-softmax-h200.txt" | head -12;;
     mutate-unsloth)  # Unsloth's declared ops (peers/unsloth; carry .peers)
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/unsloth .peers/unsloth*.whl 2>&1 \
         | grep -v "already exists" || true
       PYTHONPATH="$PWD:/tmp/unsloth" timeout ${MUTATE_TIMEOUT:-300} python3 -m oracle.mutate --op-module peers.unsloth.ops \
-        --impl peers.unsloth.impl:impl --json "$OUT/mutate-unsloth-h200.json" > "$OUT/mutate-unsloth-h200.txt" \
+        --impl peers.unsloth.impl:impl --ops lora_mlp,lora_qkv,lora_o,fast_cross_entropy \
+        --time-limit $(( ${MUTATE_TIMEOUT:-300} - 60 )) --json "$OUT/mutate-unsloth-h200.json" > "$OUT/mutate-unsloth-h200.txt" \
         2> "$OUT/mutate-unsloth-h200.err"
       echo "mutate-unsloth exit $?"; grep -v "^      " "$OUT/mutate-unsloth-h200.txt" | head -30; tail -3 "$OUT/mutate-unsloth-h200.err";;
     landing)  # one call of at most 8 minutes (docs/howto/gpu-scale-and-sanitizer.md): failures named as they come (-v

@@ -95,6 +95,7 @@ def test_a_run_classes_each_mutant(tmp_path):
         "no such operator": ["--op-module", "mutation_demo", "--impl", "mutation_demo:impl", "--operators", "typo"],
         "no workers": ["--op-module", "mutation_demo", "--impl", "mutation_demo:impl", "--workers", "0"],
         "bad dtype": ["--op-module", "mutation_demo", "--impl", "mutation_demo:impl", "--dtypes", "int8"],
+        "bad time limit": ["--op-module", "mutation_demo", "--impl", "mutation_demo:impl", "--time-limit", "0"],
     }, timeout=600, env=env)
     demo = runs["demo"]
     assert demo.returncode == 1, demo.stdout + demo.stderr  # survivors: the branch nobody reaches
@@ -106,5 +107,27 @@ def test_a_run_classes_each_mutant(tmp_path):
     assert "reached only under `SHIFTED`" in demo.stdout and "SHIFTED=False" in demo.stdout
     assert "mutation score (mutation_demo:impl on double_it" in demo.stdout
     for name, needle in (("no such op", "unknown op(s) nope"), ("no such operator", "unknown operator(s) typo"),
-                         ("no workers", "--workers must be at least 1"), ("bad dtype", "--dtypes takes some of")):
+                         ("no workers", "--workers must be at least 1"), ("bad dtype", "--dtypes takes some of"),
+                         ("bad time limit", "--time-limit must be a positive number")):
         assert runs[name].returncode == 2 and needle in runs[name].stderr, (name, runs[name].stderr)
+
+
+def test_each_class_from_its_evidence(mutants):
+    """killed, not reached, not run, equivalent and undetected, each from what the runs gave."""
+    from oracle.mutate import score
+    from oracle.mutate.runner import Outcome
+
+    m = next(x for x in mutants if x.operator == "store_dropped")
+    baseline = {0: {"digest": "a"}, 1: {"digest": "b"}}
+    labels = ["case 0", "case 1"]
+
+    def judged(reached, outcome):
+        return score.judged(m, reached, outcome, baseline, labels, ["BLOCK=8"]).verdict
+
+    assert judged([], None) == score.NOT_REACHED
+    assert judged([0, 1], None) == score.NOT_RUN
+    assert judged([0, 1], Outcome("fail", 1, "FAIL Y", checks=["verdict"])) == score.KILLED
+    assert judged([0, 1], Outcome("pass", digests={0: "a", 1: "b"})) == score.EQUIVALENT
+    assert judged([0, 1], Outcome("pass", digests={0: "a", 1: "changed"})) == score.UNDETECTED
+    results = [score.Judged(m, v, 1, None, "") for v in (score.KILLED, score.UNDETECTED, score.EQUIVALENT, score.NOT_RUN)]
+    assert score.score(results) == 0.5  # equivalent and not run stay out of it

@@ -33,6 +33,8 @@ def parse(argv):
                         ", ".join(op.name for op in operator_catalogue.OPERATORS) + ")")
     parser.add_argument("--workers", type=int, default=None, help="processes at once (default: the cores)")
     parser.add_argument("--limit", type=int, default=None, help="test only the first N mutants (a quick look)")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                        help="start no mutant after this many seconds; those left are reported as not run")
     parser.add_argument("--json", default=None, metavar="PATH", help="write every mutant and its class here")
     parser.add_argument("--dtypes", default=None, help="comma-separated dtypes of the cases (default: all three)")
     parser.add_argument("--no-float64", action="store_true", help="leave out the float64 checks")
@@ -84,6 +86,8 @@ def main(argv=None) -> int:
         return _fail(f"unknown operator(s) {', '.join(stray)}; known: {', '.join(operator_catalogue.BY_NAME)}")
     if args.workers is not None and args.workers < 1:
         return _fail("--workers must be at least 1")
+    if args.time_limit is not None and args.time_limit <= 0:
+        return _fail("--time-limit must be a positive number of seconds")
     from oracle.cases import FLOAT_DTYPES
 
     dtypes = tuple(d.strip() for d in args.dtypes.split(",")) if args.dtypes else FLOAT_DTYPES
@@ -92,7 +96,7 @@ def main(argv=None) -> int:
     from oracle.mutate.session import Session
 
     session = Session(args.impl, ops, chosen, args.workers, native_gpu(), case_budget(), dtypes,
-                      float64=not args.no_float64, op_modules=tuple(args.op_module))
+                      float64=not args.no_float64, op_modules=tuple(args.op_module), time_limit=args.time_limit)
     return session.run(args.limit, args.json, _progress)
 
 

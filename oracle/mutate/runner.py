@@ -191,14 +191,18 @@ def _context(gpu: bool):
     return context
 
 
-def run_all(jobs: list[tuple[object, object, float]], workers: int, gpu: bool = False, progress=None) -> dict:
+def run_all(jobs: list[tuple[object, object, float]], workers: int, gpu: bool = False, progress=None,
+            stop_at: float | None = None) -> dict:
     """Run each (key, make_job, timeout) in a child process, ``workers`` at a time; make_job() gives
     (kind, payload) for ``_child``. key -> the work's answer, or an Outcome for a crash or a timeout
     (Note [A process per mutant]). A job is made when its child starts, so that it can use what
-    earlier answers taught."""
+    earlier answers taught. Past ``stop_at`` (time.monotonic()) no job starts: those left have no
+    answer."""
     context = _context(gpu)
     pending, running, answers = list(jobs), {}, {}
     while pending or running:
+        if stop_at is not None and time.monotonic() > stop_at:
+            pending = []
         while pending and len(running) < workers:
             key, make_job, timeout = pending.pop(0)
             parent, child = context.Pipe(duplex=False)

@@ -21,6 +21,7 @@ from oracle.mutate.mutants import Mutant, launch_sites
 from oracle.mutate.runner import Outcome
 
 KILLED, NOT_REACHED, EQUIVALENT, UNDETECTED = "killed", "not reached", "equivalent", "undetected"
+NOT_RUN = "not run"  # left when --time-limit ran out: counted apart, never in the score
 
 
 @dataclass
@@ -58,6 +59,8 @@ def judged(mutant: Mutant, reached: list[int], outcome: Outcome | None, baseline
            specialisations: list[str] | None, known: frozenset[str] = frozenset()) -> Judged:
     if not reached:
         return Judged(mutant, NOT_REACHED, 0, None, not_reached_why(mutant, specialisations, known))
+    if outcome is None:
+        return Judged(mutant, NOT_RUN, len(reached), None, "the run's --time-limit ran out before it started")
     if outcome.status != "pass":
         where = labels[outcome.item] if outcome.item is not None else "before any case"
         return Judged(mutant, KILLED, len(reached), outcome, f"{outcome.status} on {where}: {outcome.message}")
@@ -93,7 +96,7 @@ def catches(results: list[Judged]) -> dict[str, dict[str, int]]:
 
 
 def score(results: list[Judged]) -> float | None:
-    counted = [r for r in results if r.verdict != EQUIVALENT]
+    counted = [r for r in results if r.verdict not in (EQUIVALENT, NOT_RUN)]
     return sum(r.verdict == KILLED for r in counted) / len(counted) if counted else None
 
 
@@ -101,13 +104,15 @@ def report_lines(results: list[Judged], title: str) -> list[str]:
     counts = Counter(r.verdict for r in results)
     value = score(results)
     lines = [f"mutation score ({title}): " + (f"{value:.1%}" if value is not None else "n/a") +
-             f" - {counts[KILLED]} killed of {len(results) - counts[EQUIVALENT]} non-equivalent mutants "
-             f"({len(results)} in all)"]
+             f" - {counts[KILLED]} killed of {len(results) - counts[EQUIVALENT] - counts[NOT_RUN]} non-equivalent "
+             f"mutants ({len(results)} in all" + (f", {counts[NOT_RUN]} not run: --time-limit" if counts[NOT_RUN] else "")
+             + ")"]
     how = Counter(killed_by(r) for r in results if r.verdict == KILLED)
     lines.append(f"  killed {counts[KILLED]} (" + ", ".join(f"{n} by {k}" for k, n in sorted(how.items())) + ")")
     lines.append(f"  equivalent {counts[EQUIVALENT]}, not reached {counts[NOT_REACHED]}, "
                  f"reached but undetected {counts[UNDETECTED]}")
-    by_operator = Counter((r.mutant.operator, r.verdict == KILLED) for r in results if r.verdict != EQUIVALENT)
+    by_operator = Counter((r.mutant.operator, r.verdict == KILLED) for r in results
+                          if r.verdict not in (EQUIVALENT, NOT_RUN))
     operators = sorted({r.mutant.operator for r in results})
     lines.append("  per operator (killed/non-equivalent): " + ", ".join(
         f"{op} {by_operator[(op, True)]}/{by_operator[(op, True)] + by_operator[(op, False)]}" for op in operators))

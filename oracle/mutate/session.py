@@ -24,9 +24,11 @@ FORK_AND_IMPORT_S = 30.0  # a child's own start: importing the implementation, c
 
 class Session:
     def __init__(self, impl: str, ops: list[str], operators: list[str], workers: int | None, gpu: bool,
-                 budget, dtypes: tuple[str, ...], float64: bool = True, op_modules: tuple[str, ...] = ()) -> None:
+                 budget, dtypes: tuple[str, ...], float64: bool = True, op_modules: tuple[str, ...] = (),
+                 time_limit: float | None = None) -> None:
         self.impl, self.ops, self.operators, self.gpu, self.op_modules = impl, ops, set(operators), gpu, list(op_modules)
         self.device = "cuda" if gpu else "cpu"  # each child picks its own (oracle.engine.devices.default_device)
+        self.stop_at = time.monotonic() + time_limit if time_limit else None
         self.workers = workers or default_workers(gpu)
         self.items = [item for op in ops for item in items_of(SPECS[op], budget, dtypes, float64)]
         self.labels = [item.label() for item in self.items]
@@ -108,7 +110,8 @@ class Session:
         jobs = [(m.number, make(m), 3 * seconds[m.number] + FORK_AND_IMPORT_S) for m in mutants if reach[m.number]]
         scratch = tempfile.mkdtemp(prefix="oracle-mutate-")
         try:
-            answers = run_all(jobs, self.workers, self.gpu, self._learning(progress(len(jobs), time.monotonic())))
+            answers = run_all(jobs, self.workers, self.gpu, self._learning(progress(len(jobs), time.monotonic())),
+                              self.stop_at)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         specialisations = {}
