@@ -53,7 +53,7 @@ class Session:
     def reached(self, mutant: Mutant, passing: list[int], items: dict, traced: set[str], kernels: dict) -> list[int]:
         """The passing items that run the mutated statement: those of the ops whose cases launched its
         function or a kernel calling it (any kernel of its file, for host code), and where its lines
-        were traced, those whose cases ran that line. None for a kernel nobody launched."""
+        were traced, those whose cases ran that line; none for a kernel nobody launched or called."""
         known = launched_in([r for records in kernels.values() for r in records.values()], mutant.file)
         names = {mutant.function} | jit_callers(mutant.file, known).get(mutant.function, frozenset())
         ops = {scope for scope, records in kernels.items()
@@ -125,11 +125,14 @@ class Session:
                 for m in mutants]
 
     def _learning(self, show):
+        """The progress callback, which also counts each killing item once (``order`` tries those first)."""
+        counted: set = set()
+
         def seen(answers):
-            for answer in answers.values():
-                if answer.status != "pass" and answer.item is not None and not getattr(answer, "_counted", False):
+            for key, answer in answers.items():
+                if key not in counted and answer.status != "pass" and answer.item is not None:
                     self.kills[answer.item] += 1
-                    answer._counted = True
+                    counted.add(key)
             show(answers)
         return seen
 
