@@ -4,7 +4,7 @@ specialisations launched, which autotune configs were judged; per op, merged ove
 
 from oracle.kernel_coverage.collect import OUTSIDE, RECORDER, Recorder, capture, case_hook, install
 from oracle.kernel_coverage.source import KernelSource, kernel_source
-from oracle.kernel_coverage.summary import merge, op_lines, ranges, summary_lines, unreached
+from oracle.kernel_coverage.summary import for_report, merge, op_lines, ranges, summary_lines, unreached
 
 __all__ = ["OUTSIDE", "RECORDER", "KernelSource", "Recorder", "capture", "case_hook", "install", "kernel_source",
-           "merge", "op_lines", "ranges", "summary_lines", "unreached"]
+           "for_report", "merge", "op_lines", "ranges", "summary_lines", "unreached"]

@@ -58,9 +58,21 @@ class KernelRecord:
 class Recorder:
     def __init__(self) -> None:
         self.records: dict[str, dict[str, KernelRecord]] = {}
-        self.scope = OUTSIDE
         self.capturing: set | None = None
         self.sources: list[KernelSource] = []  # a probed kernel's number -> its source
+        # A probed kernel's number -> the hits of its record in the current scope: a probe runs once
+        # per statement per program, so it must cost a dict lookup, not a record's key made again.
+        self._scoped_hits: dict[int, set[int]] = {}
+        self.scope = OUTSIDE
+
+    @property
+    def scope(self) -> str:
+        return self._scope
+
+    @scope.setter
+    def scope(self, scope: str) -> None:
+        self._scope = scope
+        self._scoped_hits.clear()
 
     def record(self, source: KernelSource) -> KernelRecord:
         scoped = self.records.setdefault(self.scope, {})
@@ -78,7 +90,7 @@ class Recorder:
         record.specialisations[specialisation(fn, args, kwargs)] += 1
 
     def config_ran(self, tuner, config, total: int) -> None:
-        source = kernel_source(tuner)
+        source = kernel_source(tuner) if enabled() else None
         if source is None:
             return
         record = self.record(source)
@@ -90,15 +102,18 @@ class Recorder:
 
     def reset(self) -> None:
         self.records.clear()
+        self._scoped_hits.clear()
 
     def hit(self, kernel: int, line: int) -> None:
         """A kernel statement about to run (Note [Probes, not a tracer])."""
-        source = self.sources[kernel]
-        record = self.record(source)
-        record.traced = True
-        record.hits.add(line)
+        hits = self._scoped_hits.get(kernel)
+        if hits is None:
+            record = self.record(self.sources[kernel])
+            record.traced = True
+            hits = self._scoped_hits[kernel] = record.hits
+        hits.add(line)
         if self.capturing is not None:
-            self.capturing.add((source.key, line))
+            self.capturing.add((self.sources[kernel].key, line))
 
 
 RECORDER = Recorder()
@@ -209,9 +224,17 @@ def _compiled_run(original):
     return run
 
 
+SWITCH = "ORACLE_KERNEL_COVERAGE"  # 0 (or off, false, no): record nothing, hook nothing
+
+
+def enabled() -> bool:
+    return os.environ.get(SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
 def install() -> bool:
-    """Hook the loaded Triton (once); False where Triton is not loaded yet (nothing has launched)."""
-    if "triton" not in sys.modules:
+    """Hook the loaded Triton (once); False where Triton is not loaded yet (nothing has launched) or
+    coverage is switched off (ORACLE_KERNEL_COVERAGE=0: measuring what the probes cost)."""
+    if "triton" not in sys.modules or not enabled():
         return False
     from triton.runtime import interpreter
     from triton.runtime.jit import JITFunction

@@ -20,7 +20,7 @@ class KernelSource:
     statements: frozenset[int]  # file line numbers of the statements that can run (docstring excluded)
     module: str = ""  # the module that defines it (mutation testing imports a mutant under this name)
 
-    @property
+    @functools.cached_property  # a relative path per call is what a probe must not cost
     def key(self) -> str:
         return f"{display_path(self.file)}:{self.name}:{self.first_line}"
 
@@ -87,23 +87,53 @@ def constexpr_names(fn) -> list[str]:
     return names
 
 
-@functools.lru_cache(maxsize=256)
-def branch_conditions(file: str, first_line: int) -> tuple[tuple[int, int, str], ...]:
-    """(first line, last line, test) of each ``if`` and ``while`` in the function defined at
-    ``first_line`` of ``file``: what a run must make true (or false) to reach the lines inside."""
+@functools.lru_cache(maxsize=64)
+def _parsed(file: str) -> tuple[ast.Module, list[str]] | None:
+    """A kernel file's tree and lines, read once; None where it cannot be read (moved, not Python)."""
     try:
         with open(file, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError):
-        return ()
-    function = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.lineno == first_line), None)
+            text = f.read()
+        return ast.parse(text), text.splitlines()
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _function_at(file: str, first_line: int) -> ast.FunctionDef | None:
+    parsed = _parsed(file)
+    if parsed is None:
+        return None
+    return next((n for n in ast.walk(parsed[0]) if isinstance(n, ast.FunctionDef) and n.lineno == first_line), None)
+
+
+def function_lines(file: str, first_line: int) -> list[str]:
+    """The lines of the function defined at ``first_line`` of ``file`` (its ``def`` to its last line),
+    as the file holds them now; [] where the file or the function is not there."""
+    function = _function_at(file, first_line)
+    return _parsed(file)[1][first_line - 1:function.end_lineno] if function is not None else []
+
+
+def _negated(test: ast.expr) -> str:
+    text = ast.unparse(test)
+    return f"not {text}" if isinstance(test, (ast.Name, ast.Attribute, ast.Call)) else f"not ({text})"
+
+
+@functools.lru_cache(maxsize=256)
+def branch_conditions(file: str, first_line: int) -> tuple[tuple[int, int, str], ...]:
+    """(first line, last line, condition) of each branch body of the function defined at
+    ``first_line`` of ``file``: an ``if``'s body needs its test, its ``else`` (or ``elif``) the test
+    false, a ``while``'s body its test; what a run must make true to reach the lines inside."""
+    function = _function_at(file, first_line)
     if function is None:
         return ()
-    found = [(node.lineno, node.end_lineno, ast.unparse(node.test))
-             for node in ast.walk(function) if isinstance(node, (ast.If, ast.While))]
-    return tuple(sorted(found))
+    found = []
+    for node in ast.walk(function):
+        if isinstance(node, (ast.If, ast.While)):
+            found.append((node.body[0].lineno, node.body[-1].end_lineno, ast.unparse(node.test)))
+        if isinstance(node, ast.If) and node.orelse:
+            found.append((node.orelse[0].lineno, node.orelse[-1].end_lineno, _negated(node.test)))
+    return tuple(sorted(found, key=lambda span: (span[0], -span[1])))  # outermost first
 
 
 def conditions_over(file: str, first_line: int, line: int) -> list[str]:
-    """The tests of the branches enclosing ``line`` of the function at ``first_line``, outermost first."""
-    return [test for first, last, test in branch_conditions(file, first_line) if first < line <= last]
+    """The conditions of the branches enclosing ``line`` of the function at ``first_line``, outermost first."""
+    return [test for first, last, test in branch_conditions(file, first_line) if first <= line <= last]
