@@ -17,6 +17,9 @@ Active:
   skipped and listed at the end.
 - Each worker runs on its own GPU when there are several (oracle/engine/devices.py), else the CPU
   interpreter. The device of every worker is logged in the summary.
+- Kernel coverage (oracle/kernel_coverage/): each worker's record of the Triton kernels its cases
+  ran (under the interpreter, the lines; on a GPU, the constexpr specialisations and autotune
+  configs) is merged into one summary per op at the end. ORACLE_KERNEL_COVERAGE=0 turns it off.
 - The compile check's notes (a graph break of an op the implementation does not declare in
   COMPILES: oracle/checks/compile.py, Note [Notes]) are gathered from every worker and listed once
   in the summary, not warned case by case.
@@ -398,6 +401,7 @@ _totals: Counter = Counter()
 _coverage: Counter = Counter()
 _worker_devices: dict[str, str] = {}
 _compile_notes: Counter = Counter()  # each distinct note of the compile check -> the runs that noted it
+_kernel_coverage: dict = {}  # kernel coverage's records, merged over the workers (summary.merge)
 
 
 def _notes_of_this_process() -> list[str]:
@@ -409,7 +413,7 @@ def _notes_of_this_process() -> list[str]:
 def pytest_sessionfinish(session):
     if _asked(session.config) is None:
         return
-    from oracle import engine
+    from oracle import engine, kernel_coverage
     from oracle.engine.devices import default_device
 
     counts = {f"{op}|{dtype}": n for (op, dtype), n in engine.CASES_RUN.items()}
@@ -418,10 +422,12 @@ def pytest_sessionfinish(session):
         session.config.workeroutput["oracle_coverage"] = json.dumps([[list(k), n] for k, n in engine.COVERAGE.items()])
         session.config.workeroutput["oracle_device"] = str(default_device())
         session.config.workeroutput["oracle_compile_notes"] = json.dumps(_notes_of_this_process())
+        session.config.workeroutput["oracle_kernel_coverage"] = json.dumps(kernel_coverage.RECORDER.to_json())
     else:
         _totals.update(counts)
         _coverage.update(engine.COVERAGE)
         _compile_notes.update(_notes_of_this_process())
+        kernel_coverage.merge(_kernel_coverage, kernel_coverage.RECORDER.to_json())
         shutil.rmtree(INFLIGHT, ignore_errors=True)
 
 
@@ -433,6 +439,10 @@ def pytest_testnodedown(node, error):
     if "oracle_device" in output:
         _worker_devices[node.gateway.id] = output["oracle_device"]
     _compile_notes.update(json.loads(output.get("oracle_compile_notes", "[]")))
+    if "oracle_kernel_coverage" in output:  # a worker that crashed hands nothing over
+        from oracle.kernel_coverage import merge
+
+        merge(_kernel_coverage, json.loads(output["oracle_kernel_coverage"]))
 
 
 def coverage_lines(coverage: Counter) -> list[str]:
@@ -478,8 +488,6 @@ def pytest_terminal_summary(terminalreporter, config):
     name = _asked(config)
     if name is None:
         return
-    from oracle.engine.devices import default_device, worker_index
-
     write = terminalreporter.write_line
     lacking = getattr(config, "oracle_not_tested", {})
     if lacking:
@@ -490,8 +498,16 @@ def pytest_terminal_summary(terminalreporter, config):
         write(f"kernel-oracle: {len(config.oracle_not_asked)} other ops left out by --ops "
               f"({', '.join(config.oracle_not_asked)})")
     _write_compile_notes(terminalreporter)
-    if not _totals:
-        return
+    if _totals:
+        _write_cases_run(terminalreporter)
+    _write_kernel_coverage(terminalreporter)
+
+
+def _write_cases_run(terminalreporter) -> None:
+    """The cases run per op and dtype, what they covered of each spec, and the workers' devices."""
+    from oracle.engine.devices import default_device, worker_index
+
+    write = terminalreporter.write_line
     terminalreporter.section("kernel-oracle: cases run per op and dtype")
     dtypes = sorted({key.split("|")[1] for key in _totals})
     ops = sorted({key.split("|")[0] for key in _totals})
@@ -519,3 +535,20 @@ def _write_compile_notes(terminalreporter) -> None:
                                 "implementation declares in COMPILES fails on them instead):")
     for text, times in sorted(_compile_notes.items()):
         terminalreporter.write_line(f"{text}" + (f" (noted {times} times)" if times > 1 else ""))
+
+
+def _write_kernel_coverage(terminalreporter) -> None:
+    """Per op, each Triton kernel its cases launched: lines run out of its statements (under the
+    interpreter), the constexpr values it launched with, the configs judged, the lines never reached
+    and the branch conditions over them (oracle/kernel_coverage/summary.py)."""
+    from oracle.kernel_coverage import summary_lines
+    from oracle.kernel_coverage.collect import SWITCH, enabled
+
+    if not enabled():
+        terminalreporter.write_line(f"kernel-oracle: kernel coverage off ({SWITCH}={os.environ[SWITCH]})")
+        return
+    lines = summary_lines(_kernel_coverage)
+    if lines:
+        terminalreporter.section("kernel-oracle: kernel coverage")
+        for line in lines:
+            terminalreporter.write_line(line)
