@@ -3,7 +3,8 @@
 One file that opens offline: every plot is an <img> whose source is a base64 data URI, the styles
 are inline, and there is no script. Plots: error ratio to HF per op x dtype x tensor, bit-identity
 to HF, ULP-distance histograms, error against column count, and (when a benchmark is given) the
-performance section.
+performance section. Kernel coverage: per op, each Triton kernel's source in a collapsible block,
+lines run and lines never reached marked.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ matplotlib.use("Agg")  # no display: render to files only
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
 
+from oracle.kernel_coverage import summary as coverage  # noqa: E402
 from oracle.verdict import ULP_BINS  # noqa: E402
 from oracle.declare.registry import SPECS  # noqa: E402
 from oracle.report.results import typical_excess  # noqa: E402
@@ -255,6 +257,24 @@ def perf_figures(bench: dict) -> dict[str, str]:
     return figures
 
 
+def kernel_coverage_view(document: dict) -> list[dict]:
+    """The dashboard's kernel coverage: per op (launches outside cases last), each kernel with its
+    counts, the values its constexprs launched with, the configs judged, the blocks never reached
+    and its source marked line by line; [] for a run without it."""
+    recorded = document.get("kernel_coverage") or {}
+    view = []
+    for scope in coverage.ordered_scopes(recorded):
+        kernels = []
+        for key, record in sorted(recorded[scope].items()):
+            kernels.append({"name": record["name"], "file": record["file"], "first_line": record["first_line"],
+                            "counts": coverage.kernel_counts(record), "traced": record["traced"],
+                            "constexprs": coverage.constexpr_line(record["specialisations"], width=10**6),
+                            "configs": sorted(record["configs"].items()), "configs_total": record["configs_total"],
+                            "unreached": coverage.unreached_blocks(record), "source": record.get("source") or []})
+        view.append({"scope": scope, "kernels": kernels})
+    return view
+
+
 def render(document: dict, comparison: dict | None = None, bench: dict | None = None, updated: bool = False) -> str:
     """``updated``: this run is stored as the baseline it was compared with, which the headline says."""
     from oracle.report.terminal import maths_line
@@ -269,6 +289,7 @@ def render(document: dict, comparison: dict | None = None, bench: dict | None = 
     regression_keys = {d["key"] for d in comparison["deltas"] if d["regression"]} if comparison else set()
     return env.get_template("dashboard.html.j2").render(
         doc=document, figures=figures, perf=perf, bench=bench, comparison=comparison, maths=maths_line(document),
+        kernel_coverage=kernel_coverage_view(document),
         updated=updated,
         regression_keys=regression_keys, passed=sum(c["status"] == "pass" for c in document["cases"]),
         findings=sum(len(a["findings"]) for a in document["aliasing"]) + sum(len(c["findings"]) for c in document["cases"]),

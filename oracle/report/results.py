@@ -11,6 +11,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from oracle import kernel_coverage
 from oracle.cases import Case
 from oracle.engine import repro_command
 from oracle.environment import git_repository, repository
@@ -116,7 +117,17 @@ def build(tasks: list[Task], answers: dict[int, dict], impl: str, grid: str, env
         "cases": cases,
         "aliasing": checks,
         "failures": failures,
+        "kernel_coverage": kernel_coverage_of(answers[task.id] for task in tasks),
     }
+
+
+def kernel_coverage_of(answers) -> dict:
+    """The tasks' kernel coverage merged, in the report's form (kernel_coverage.for_report): per op
+    and kernel, the lines run and never reached, the source marked, specialisations and configs."""
+    merged: dict = {}
+    for answer in answers:
+        kernel_coverage.merge(merged, answer.get("kernel_coverage") or {})  # a crashed task's answer has none
+    return kernel_coverage.for_report(merged)
 
 
 # Differ from run to run of the same code: timings, the moment of the run, and a comparison with the

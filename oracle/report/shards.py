@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from oracle import kernel_coverage
 from oracle.cases import Case
 from oracle.report.results import MIXED_HOSTS, SCHEMA, data_identity, run_noise_model, summarize
 
@@ -108,9 +109,19 @@ def merge(documents: list[dict], names: list[str]) -> dict:
         "summary": summarize(cells, checks, cases),
         "cells": cells, "cases": cases, "aliasing": checks,
         "failures": [f for d in documents for f in d["failures"]],
+        "kernel_coverage": _merged_kernel_coverage(documents),
         "shards": {"count": count, "present": present,
                    "missing": [k for k in range(1, count + 1) if k not in present]},
     }
+
+
+def _merged_kernel_coverage(documents: list[dict]) -> dict:
+    """The shards' kernel coverage as one run's: lines run by any shard are run (shards made before
+    the key hold none)."""
+    merged: dict = {}
+    for document in documents:
+        kernel_coverage.merge(merged, document.get("kernel_coverage") or {})
+    return kernel_coverage.for_report(merged)
 
 
 def missing_shard(cell: dict, document: dict) -> int | None:

@@ -1,5 +1,6 @@
-"""The report's terminal output: a summary table per op, dtype and tensor, the failures with their
-repro commands, the regressions against a baseline, and the gate's last line."""
+"""The report's terminal output: a summary table per op, dtype and tensor, the kernel coverage per
+op, the failures with their repro commands, the regressions against a baseline, and the gate's last
+line."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from oracle.kernel_coverage import summary_lines
 from oracle.report import gate
 
 
@@ -39,6 +41,7 @@ def print_summary(document: dict, comparison: dict | None, console: Console) -> 
     checks = document["aliasing"]
     flagged = [c for c in checks if c["findings"]]
     console.print(f"aliasing checks: {len(checks) - len(flagged)}/{len(checks)} clean")
+    print_kernel_coverage(document, console)
     for op, why in document.get("not_tested", {}).items():
         console.print(f"not tested: {op}: {document['impl']} declares it lacks it ({why})", highlight=False,
                       soft_wrap=True)
@@ -61,6 +64,14 @@ def print_summary(document: dict, comparison: dict | None, console: Console) -> 
             console.print("  " + escape(line), highlight=False, soft_wrap=True)
         if len(drift) > 10:
             console.print(f"  ... and {len(drift) - 10} more in the JSON")
+
+
+def print_kernel_coverage(document: dict, console: Console) -> None:
+    """Per op, each Triton kernel its cases launched (oracle/kernel_coverage/summary.py); the lines
+    never reached stand out. Nothing for a run without it (before the key, or no Triton kernel)."""
+    for line in summary_lines(document.get("kernel_coverage") or {}):
+        style = "red" if line.lstrip().startswith("never reached") else None
+        console.print(escape(line), style=style, highlight=False, soft_wrap=True)
 
 
 def maths_line(document: dict) -> str:

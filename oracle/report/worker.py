@@ -5,7 +5,9 @@ worker, so that a crash (a segfault under the interpreter, an illegal address on
 this process: the parent records the task it was running as a crash and starts a new worker.
 
 Task:   {"id": n, "kind": "case", "case": {...}}  or  {"id": n, "kind": "check", "check": name, "case": {...}}
-Answer: {"id": n, "result": CaseResult.to_dict()}  or  {"id": n, "findings": [...], "seconds": s}
+Answer: {"id": n, "result": CaseResult.to_dict()}  or  {"id": n, "findings": [...], "seconds": s},
+        each with "kernel_coverage": the task's own kernel coverage (oracle/kernel_coverage,
+        Recorder.to_json), which the parent merges: a worker that dies loses only its task's.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import asdict
 
 import torch
 
+from oracle import kernel_coverage
 from oracle.cases import Case
 from oracle.engine import run_case
 from oracle.declare.implementations import load
@@ -47,6 +50,7 @@ def serve(impl_name: str, stdin=sys.stdin, stdout=sys.stdout) -> None:
     for line in stdin:
         task = json.loads(line)
         case = Case(**task["case"])
+        kernel_coverage.RECORDER.reset()  # what this task ran, alone
         if task["kind"] == "case":
             answer = {"id": task["id"], "result": run_case(case.op, case, impl, device).to_dict()}
         else:
@@ -54,6 +58,7 @@ def serve(impl_name: str, stdin=sys.stdin, stdout=sys.stdout) -> None:
             findings = aliasing.run_check(task["check"], SPECS[case.op], case, impl, device)
             answer = {"id": task["id"], "findings": [asdict(f) for f in findings],
                       "seconds": time.perf_counter() - start}
+        answer["kernel_coverage"] = kernel_coverage.RECORDER.to_json()
         stdout.write(json.dumps(answer, default=str) + "\n")
         stdout.flush()
 
