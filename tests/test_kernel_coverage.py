@@ -332,3 +332,20 @@ def test_a_kernel_file_gone_keeps_its_counts_and_says_its_source_is_missing(tmp_
     (view,) = html.kernel_coverage_view({"kernel_coverage": stored})
     assert view["kernels"][0]["source"] == [] and view["kernels"][0]["unreached"]
     assert html.kernel_coverage_view({}) == []  # a run made before the key
+
+
+def test_the_dashboard_of_a_gpu_run_shows_specialisations_and_configs_unmarked(kernel_file):
+    """Compiled kernels (a GPU) have no lines: the source is shown unmarked, with the configs judged."""
+    from oracle.report import html
+
+    compiled = _record(kernel_file, [], traced=False, specialisations={"A=True, B=3": 2},
+                       configs={"BLOCK: 64, num_warps: 2": 3}, configs_total=4)
+    document = {"impl": "gpu-kernels", "sweep": "quick", "environment": {"platform": "cuda-X"}, "not_tested": {},
+                "cells": [], "cases": [], "aliasing": [], "failures": [], "summary": [],
+                "kernel_coverage": kernel_coverage.for_report({"op": {"kernel.py:kernel:1": compiled}})}
+    page = html.render(document)
+    section = page[page.index("<h2>Kernel coverage</h2>"):]
+    assert "lines not traced, 1 specialisation(s), configs judged 1/4" in section
+    assert "<code>BLOCK: 64, num_warps: 2</code> (3)" in section and "constexprs seen: <code>A=True, B=3</code>" in section
+    assert 'class="hit"' not in section and 'class="unreached"' not in section and "<details class=\"kernel\">" in section
+    assert "    x = 4" in section and "lines not traced: the kernel ran compiled" in section
