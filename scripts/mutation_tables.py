@@ -18,10 +18,10 @@ def score_rows(data: dict) -> list[str]:
         by_file.setdefault(Path(m["file"]).name, Counter())[m["class"]] += 1
     rows = []
     for name, counts in sorted(by_file.items()):
-        counted = sum(counts.values()) - counts["equivalent"]
+        counted = sum(counts.values()) - counts["equivalent"] - counts["not run"]
         score = f"{counts['killed'] / counted:.0%}" if counted else "n/a"
         rows.append(f"| {data['impl']} | {name} | {sum(counts.values())} | {counts['killed']} | {counts['equivalent']} | "
-                    f"{counts['not reached']} | {counts['undetected']} | {score} |")
+                    f"{counts['not reached']} | {counts['undetected']} | {counts['not run']} | {score} |")
     return rows
 
 
@@ -36,8 +36,8 @@ def catches_rows(datas: list[dict]) -> list[str]:
 
 def main(paths: list[str]) -> None:
     datas = [json.loads(Path(p).read_text()) for p in paths]
-    print("| implementation | file | mutants | killed | equivalent | not reached | undetected | score |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| implementation | file | mutants | killed | equivalent | not reached | undetected | not run | score |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for data in datas:
         print("\n".join(score_rows(data)))
     print()
