@@ -16,6 +16,7 @@ from oracle import cases as C
 from oracle.cases import (FLOAT_DTYPES, GRAD_LAYOUTS, LAYOUTS, TILE_BOUNDARIES, Budget, Case, covering,
                           long_counts)
 from oracle.cases.scale import row_count, rows
+from oracle.checks.exact import promised
 from oracle.checks.memory import FUSE_HEADS, FUSE_LAST_DIM
 from oracle.declare.parts import PARAMETER_VALUES, Choice, Dim, Fixed, Integers, PerVariant, Positions
 from oracle.declare.spec import OpSpec, Programs, fill, generator, layout_bshd, layout_last_two
@@ -36,7 +37,8 @@ def build_spec(op) -> OpSpec:
         layout_args=layout_args, layout_of=op.layout_of or layout_last_two, sweep=lambda full: _sweep(op, full),
         scale=lambda: _scale(op), programs=_programs(op),
         float64_cases=tuple(_float64_cases(op)), buffers_hold_outputs=dict(op.writes_into),
-        may_clobber=tuple(op.may_clobber), exact=tuple(op.exact), fusion=_fusion(op, layout_args),
+        may_clobber=tuple(op.may_clobber), exact=promised(op.exact, (*op.outputs, *(f"d{name}" for name in op.grads))),
+        fusion=_fusion(op, layout_args),
         error_inputs=op.error_inputs if callable(op.error_inputs) else (lambda: list(op.error_inputs)),
         regressions=tuple(_case(op, given) for given in op.regressions),
         noise=dict(op.noise), order_noise=dict(op.order_noise), summed=dict(op.summed),

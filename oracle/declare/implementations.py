@@ -13,9 +13,10 @@ the registry, named as in ``kernels/__init__.py``) and optionally:
   roots as exactly as CUDA's library does, and is judged without the room fast GPU maths has.
 - ``COMPILES``: True (or a set of ops): the ops go whole into a ``torch.compile`` graph, so that a
   graph break fails the compile check (oracle/checks/compile.py) instead of being a note.
-- ``EXACT``: {op: the compared tensors (or True: all of them) that equal HF's bits}: the
-  implementation follows HF's cast order there, and every case holds it to that
-  (oracle/checks/exact.py); an op's own ``exact`` binds every implementation.
+- ``EXACT``: {op: the compared tensors (or True: all of them) that equal HF's bits, or a dict of
+  tensor -> ``"bits"`` or ``"rounding"``}: the implementation follows HF's cast order there, and
+  every case holds it to that, bit for bit or HF's rounding steps given float32 values within K
+  ULPs (oracle/checks/exact.py, Note [Two contracts]); an op's own ``exact`` binds every implementation.
 
 ``implementation(my_op=fn, CLOBBERS=..., COMPILES=...)`` builds one from keywords (``ATTRIBUTES``
 lists the attributes it takes); its op names are checked when the harness loads it, not when it is
@@ -55,6 +56,7 @@ from oracle import kernel_coverage
 from oracle import interpreter
 from oracle.declare.registry import SPECS
 from oracle.cases import autotune
+from oracle.checks import exact as exact_check
 from oracle.errors import DeclarationError, ImplementationUnavailable
 
 # What other modules use (``implementation``, ``load`` and ``Implementation`` are re-exported by
@@ -69,7 +71,8 @@ ATTRIBUTES = {
     "NO_FLOAT64": "a collection of the ops without a float64 path",
     "EXACT_MATHS": "True, False or a collection of the ops with exact exp, division and square roots",
     "COMPILES": "True, False or a collection of the ops that go whole into a torch.compile graph",
-    "EXACT": "a dict of op -> the compared tensors equal to HF's bits (True: all of them)",
+    "EXACT": "a dict of op -> the compared tensors equal to HF's bits (True: all of them), or a dict of "
+             "tensor -> 'bits' or 'rounding'",
 }
 
 
@@ -125,8 +128,11 @@ def _attribute_problem(name: str, value) -> str | None:
         for op, entry in value.items():
             if name == "LACKING":
                 problem = None if isinstance(entry, str) else f" (the reason for {op!r} is not a string)"
+            elif name == "EXACT":
+                problem = exact_check.form_problem(entry, allow_all=True)
+                problem = problem if problem is None else f" (EXACT[{op!r}]: {problem})"
             else:
-                problem = None if name == "EXACT" and entry is True else names(entry)
+                problem = names(entry)
             if problem is not None:
                 return problem or f" ({name}[{op!r}] is not a collection of names)"
         return None
@@ -189,6 +195,10 @@ class Implementation:
     def __post_init__(self):
         if isinstance(self.target, Partial):  # built by implementation(): its op names, now
             self.target.check()
+        exact = getattr(self.target, "EXACT", None)  # any target's: a module's or a namespace's too
+        problem = None if exact is None else _attribute_problem("EXACT", exact)
+        if problem is not None:
+            raise DeclarationError(f"EXACT: must be {ATTRIBUTES['EXACT']}, got {exact!r}{problem}")
 
     def __repr__(self) -> str:  # what pytest and hypothesis print of a test's argument: the name, not the target
         return f"Implementation({self.name!r})"
@@ -239,11 +249,15 @@ class Implementation:
             return "exact" if declared else "fast"
         return "exact" if op in set(declared) else "fast"
 
-    def exact(self, spec) -> set[str]:
-        """The compared tensors of an op (its OpSpec) that must equal HF's bits: the op's own ``exact``
-        and what the implementation declares in EXACT (True: every compared tensor)."""
-        declared = getattr(self.target, "EXACT", {}).get(spec.name, ())
-        return set(spec.exact) | (set(spec.compared()) if declared is True else set(declared))
+    def exact(self, spec) -> dict[str, str]:
+        """The compared tensors of an op (its OpSpec) held to a contract, each to "bits" or "rounding"
+        (oracle/checks/exact.py, Note [Two contracts]): the op's own ``exact`` and what the
+        implementation declares in EXACT (True: every compared tensor, bit for bit); where both name
+        a tensor, bits bind."""
+        declared = exact_check.promised(getattr(self.target, "EXACT", {}).get(spec.name, ()), spec.compared())
+        both = {**declared, **spec.exact}
+        return {name: exact_check.stronger(declared.get(name, contract), spec.exact.get(name, contract))
+                for name, contract in both.items()}
 
     def takes_float64(self, op: str) -> bool:
         return op not in set(getattr(self.target, "NO_FLOAT64", ()))
@@ -267,7 +281,7 @@ class Implementation:
                              "--ops, or declare LACKING = {op: reason} in the implementation")
         chosen = [op for op in asked if self.op(op) is not None]
         for op in chosen:
-            stray = sorted(self.exact(SPECS[op]) - set(SPECS[op].compared()))
+            stray = sorted(set(self.exact(SPECS[op])) - set(SPECS[op].compared()))
             if stray:
                 raise ValueError(f"{self.name} declares EXACT[{op!r}] = {stray}, which {op} does not compare: its "
                                  f"compared tensors are {', '.join(SPECS[op].compared())}")

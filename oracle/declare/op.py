@@ -72,7 +72,9 @@ class Op:
     - ``variants``: name -> the params it fixes (``{"tanh": {"approximate": "tanh"}, ...}``), or a
       tuple of names where ``PerVariant`` params say what differs;
     - ``exact``: compared tensors (outputs, ``"d" + input``) every implementation must give with the
-      reference's exact bits (a copy, a gather; oracle/checks/exact.py);
+      reference's exact bits (a copy, a gather; oracle/checks/exact.py), or a dict of them ->
+      ``"bits"`` or ``"rounding"`` (HF's rounding steps, given float32 values within K ULPs: Note
+      [Two contracts]);
     - ``may_clobber``: inputs an implementation may overwrite (declared in its CLOBBERS);
       ``writes_into``: output -> the input whose buffer must hold it (a raw kernel's contract);
     - ``dtypes``, ``value_kinds``, ``grad_kinds``: what cases are drawn in (``grad_kinds``: the kinds of
@@ -111,7 +113,7 @@ class Op:
     outputs: tuple = ("out",)
     variants: dict = field(default_factory=lambda: {"default": {}})
     may_clobber: tuple = ()
-    exact: tuple = ()
+    exact: tuple | dict = ()
     writes_into: dict = field(default_factory=dict)
     dtypes: tuple = FLOAT_DTYPES
     value_kinds: tuple = VALUE_KINDS
@@ -135,7 +137,7 @@ class Op:
             object.__setattr__(self, "variants", {name: {} for name in self.variants})
         validate(self)
         for name in LISTED_FIELDS:  # a list given where a tuple belongs is kept as a tuple
-            if getattr(self, name) is not None:
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "_spec", None)
 

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from oracle import cases as C
 from oracle.cases import Case
+from oracle.checks.exact import promised
 from oracle.checks.memory import CONTIGUOUS, FUSE_LAST_DIM, Fusion, Layout
 # The op modules' rounding helpers, defined once with every other rounding (oracle/noise/rounding.py):
 # u of a dtype, the most rounding to it can lose, and the dtype HF upcasts to.
@@ -120,9 +121,10 @@ class OpSpec:
     # Arguments an implementation may overwrite (its CLOBBERS must stay inside them): RoPE's Q and K,
     # a raw backward's buffers. Everything else is read only.
     may_clobber: tuple[str, ...] = ()
-    # Compared tensors every implementation must give with HF's exact bits (oracle/checks/exact.py);
-    # an implementation may declare more of them (its EXACT).
-    exact: tuple[str, ...] = ()
+    # Compared tensors every implementation must give with HF's exact bits or HF's rounding steps:
+    # name -> "bits" | "rounding" (oracle/checks/exact.py, Note [Two contracts]; a tuple of names
+    # means bits); an implementation may declare more of them (its EXACT).
+    exact: dict[str, str] = field(default_factory=dict)
     fusion: Fusion | None = FUSE_LAST_DIM  # how the layout args share one storage in real models
     error_inputs: Callable[[], list[ErrorInput]] = list  # bad inputs: raise before any launch, or HF's result
     regressions: tuple[Case, ...] = ()  # cases that once failed, pinned as @example in the generic tests
@@ -150,6 +152,8 @@ class OpSpec:
             raise ValueError(f"spec {self.name}: order noise for {sorted(unknown)}, which are not compared")
         if self.scale() and self.programs is None:
             raise ValueError(f"spec {self.name}: a scale grid needs ``programs`` to judge it on a slice")
+        if not isinstance(self.exact, dict):
+            object.__setattr__(self, "exact", promised(self.exact, self.compared()))
         unknown = set(self.exact) - set(self.compared())
         if unknown:
             raise ValueError(f"spec {self.name}: exact {sorted(unknown)}, which are not compared")

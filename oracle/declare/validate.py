@@ -6,6 +6,7 @@ from __future__ import annotations
 import keyword
 
 from oracle.cases import FLOAT_DTYPES, GRAD_KINDS, GRAD_LAYOUTS, LAYOUTS, VALUE_KINDS
+from oracle.checks.exact import CONTRACTS, form_problem
 from oracle.declare.build import params_of
 from oracle.declare.parts import (PARAMETER_VALUES, Choice, Dim, DtypeChoice, Integers, PerVariant, Positions,
                                   Tensor, torch_dtype)
@@ -14,11 +15,11 @@ from oracle.errors import DeclarationError
 # --- validation: the first problem, naming the field ---------------------------------------------
 
 # Fields that hold names (a tuple, or a list), and the grids (tuples of dicts of sizes).
-_NAME_TUPLES = ("differentiable", "outputs", "may_clobber", "exact", "dtypes", "value_kinds", "grad_kinds")
+_NAME_TUPLES = ("differentiable", "outputs", "may_clobber", "dtypes", "value_kinds", "grad_kinds")
 _GRIDS = ("sweep", "full_sweep", "scale")
 _CASE_LISTS = ("regressions", "float64_cases")
-# Fields given as tuples (a list is kept as a tuple).
-LISTED_FIELDS = _NAME_TUPLES + _GRIDS + _CASE_LISTS
+# Fields given as tuples (a list is kept as a tuple; ``exact`` may be a dict instead).
+LISTED_FIELDS = _NAME_TUPLES + ("exact",) + _GRIDS + _CASE_LISTS
 
 
 def validate(op) -> None:
@@ -205,10 +206,7 @@ def _validate_names(op, fail) -> None:
     for name in op.may_clobber:
         if name not in op.inputs:
             fail("may_clobber", f"{name!r} is not an input")
-    compared = (*op.outputs, *(f"d{name}" for name in op.grads))
-    for name in op.exact:
-        if name not in compared:
-            fail("exact", f"{name!r} is not a compared tensor ({', '.join(compared)})")
+    _validate_exact(op, fail)
     if not isinstance(op.writes_into, dict):
         fail("writes_into", f"must be a dict of output -> input, got {type(op.writes_into).__name__}")
     for output, buffer in op.writes_into.items():
@@ -223,6 +221,19 @@ def _validate_names(op, fail) -> None:
     stray = set(op.grad_kinds) - set(GRAD_KINDS)
     if stray or not op.grad_kinds:
         fail("grad_kinds", f"must be some of {', '.join(GRAD_KINDS)}, got {tuple(op.grad_kinds)!r}")
+
+
+def _validate_exact(op, fail) -> None:
+    """A tuple of compared tensors (bit for bit), or a dict of them -> "bits" or "rounding"."""
+    problem = form_problem(op.exact, allow_all=False)
+    if problem is not None:
+        contracts = " or ".join(map(repr, CONTRACTS))
+        fail("exact", f"must be a tuple of compared tensor names or a dict of name -> {contracts}, got "
+                      f"{op.exact!r}: {problem}")
+    compared = (*op.outputs, *(f"d{name}" for name in op.grads))
+    for name in op.exact:
+        if name not in compared:
+            fail("exact", f"{name!r} is not a compared tensor ({', '.join(compared)})")
 
 
 def _validate_variants(op, fail) -> None:

@@ -35,6 +35,7 @@ from oracle.cases import Case
 from oracle.verdict import ELEMENT_BOUND, Noise, Spread, TensorVerdict, describe_element, judge, summation_noise
 from oracle.declare.implementations import Implementation
 from oracle.checks import exact as exact_check
+from oracle.checks import rounding
 from oracle.checks.memory import BROADCAST_ROWS, CONTIGUOUS, GuardedTensor, Layout, Snapshot, bits, copy_into, rehomed_allocations
 from oracle.declare.registry import SPECS
 from oracle.declare.spec import OpSpec, upstream_gradient
@@ -220,6 +221,11 @@ class Prepared:
     typical_room: dict | None = None  # with fast maths: its typical size, for the distribution judgement
     generic: dict = field(default_factory=dict)  # NoiseModels.generic: ops the derived model modelled generically
     spread: dict = field(default_factory=dict)  # compare.Spread per sum's output, where the derived model judges
+    # The (args, upstream) HF's evaluation of each compared tensor was made on (a slice's, or the
+    # whole case's for a gradient summed over every program): the rounding contract re-evaluates them.
+    reference_inputs: tuple[dict, dict] = ({}, {})
+    summed_inputs: dict[str, tuple[dict, dict]] = field(default_factory=dict)
+    nudged: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # name -> (down, up)
 
     def judge(self, name: str, got: torch.Tensor) -> TensorVerdict:
         """The verdict on one compared tensor of an implementation (compare.judge); with fast maths,
@@ -235,6 +241,27 @@ class Prepared:
         needed = self.maths == "fast" and granted.passed and self.exact_noise is not None and \
             not verdict(self.exact_noise, None).passed
         return dataclasses.replace(granted, maths=self.maths, needed_fast_maths=needed)
+
+    def inputs_of(self, name: str) -> tuple[dict, dict]:
+        return self.summed_inputs.get(name, self.reference_inputs)
+
+    def nudged_evaluations(self, spec: OpSpec, names: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """HF's maths on the inputs of each of ``names``, with every rounding to a 16-bit dtype moved
+        down and up (oracle/checks/rounding.py): (down, up) per name, evaluated once a case, and
+        backward only where a gradient is asked."""
+        for inputs in {id(self.inputs_of(n)): self.inputs_of(n) for n in names if n not in self.nudged}.values():
+            asked = [n for n in names if self.inputs_of(n) is inputs and n not in self.nudged]
+            args, upstream = inputs
+            backward = upstream if any(n not in spec.outputs for n in asked) else None
+            steps = rounding.ROUNDING_ULPS
+            down, up = (_nudged_evaluation(spec, args, backward, moved) for moved in (-steps, steps))
+            self.nudged.update({n: (down[n], up[n]) for n in asked})
+        return {n: self.nudged[n] for n in names}
+
+
+def _nudged_evaluation(spec: OpSpec, args: dict, upstream: dict | None, steps: int) -> dict[str, torch.Tensor]:
+    with rounding.Nudged(steps):
+        return evaluate(spec, spec.reference, args, upstream).tensors()
 
 
 def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient, maths: str = "fast") -> Prepared:
@@ -355,7 +382,8 @@ def _references(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str
                  for name, terms in spec.summed.items()}
     return Prepared(args, upstream, hf, truth, reordered, sum_noise, models.element, models.order,
                     noise_model=models.model, maths=models.maths, exact_noise=models.exact,
-                    typical_room=models.typical_room, generic=models.generic, spread=models.spread)
+                    typical_room=models.typical_room, generic=models.generic, spread=models.spread,
+                    reference_inputs=(args, upstream))
 
 
 def _split(spec: OpSpec, tensors: dict[str, torch.Tensor]) -> Evaluation:
@@ -390,6 +418,7 @@ def _summed_over_every_program(spec: OpSpec, case: Case, prepared: Prepared, nam
     truth summed in float64 chunk by chunk, and the noise models (the spec's take the whole case in
     bounded memory; the derived one is derived chunk by chunk)."""
     prepared.hf.grads[name] = evaluate(spec, spec.reference, args, upstream).grads[name]
+    prepared.summed_inputs[name] = (args, upstream)
     count, largest = spec.programs.size(case)
 
     def parts():
@@ -593,9 +622,9 @@ def _buffers_hold(spec: OpSpec, args: dict, outputs: dict, clobbers: set[str]) -
 
 
 def judge_all(spec: OpSpec, prepared: Prepared, run: ImplRun,
-              exact: dict[str, str] | None = None) -> tuple[list[TensorVerdict], list[Finding]]:
+              exact: dict[str, exact_check.Promise] | None = None) -> tuple[list[TensorVerdict], list[Finding]]:
     """Every compared tensor's verdict, and the findings beside it: elements left unwritten, and
-    where ``exact`` names a tensor (-> who promises it), every element that lacks HF's bits."""
+    where ``exact`` names a tensor (-> who promises which contract), every element that breaks it."""
     got = {**run.outputs, **run.grads}
     hf = prepared.hf.tensors()
     verdicts, findings = [], []
@@ -607,18 +636,37 @@ def judge_all(spec: OpSpec, prepared: Prepared, run: ImplRun,
         if unwritten:
             findings.append(Finding("unwritten", name, phase,
                                     f"{unwritten} element(s) NaN where HF has a number (unwritten, read from poisoned memory?)"))
-        differs = exact_check.first_difference(k, h) if name in (exact or {}) and k.shape == h.shape else None
-        if differs is not None:
-            count, index, expected, found = differs
-            findings.append(Finding("exact", name, phase, exact_check.explained(count, k.numel(), exact[name]),
-                                    index, expected, found))
+        if name in (exact or {}) and k.shape == h.shape:
+            findings += _broken_promise(spec, prepared, name, phase, k, h, exact[name])
     return verdicts, findings
 
 
-def exact_tensors(spec: OpSpec, impl: Implementation) -> dict[str, str]:
-    """The tensors whose bits a case compares, each with who promised them (Note [Exact bits])."""
-    return {name: f"the op {spec.name}" if name in spec.exact else f"{impl.name}'s EXACT"
-            for name in impl.exact(spec)}
+def _broken_promise(spec: OpSpec, prepared: Prepared, name: str, phase: str, k: torch.Tensor, h: torch.Tensor,
+                    promise: exact_check.Promise) -> list[Finding]:
+    """The exact check's finding on one tensor (oracle/checks/exact.py, Note [Two contracts]), if any."""
+    if promise.contract == exact_check.BITS:
+        differs = exact_check.first_difference(k, h)
+        if differs is None:
+            return []
+        count, index, expected, found = differs
+        message = exact_check.explained(count, k.numel(), promise.by)
+        return [Finding("exact", name, phase, message, index, expected, found)]
+    args, upstream = prepared.inputs_of(name)
+    if not rounding.rounds_to_sixteen_bit(h, *args.values(), *upstream.values()):
+        return []  # no rounding to a 16-bit dtype: nothing the contract promises
+    down, up = prepared.nudged_evaluations(spec, [name])[name]
+    outside = exact_check.outside_rounding(k, h, down, up, prepared.truth.tensors()[name])
+    if outside is None:
+        return []
+    count, index, expected, found, low, high = outside
+    return [Finding("exact", name, phase, exact_check.explained_rounding(count, k.numel(), promise.by, low, high),
+                    index, expected, found)]
+
+
+def exact_tensors(spec: OpSpec, impl: Implementation) -> dict[str, exact_check.Promise]:
+    """The tensors a case holds to a contract, each with who promised which (Note [Exact bits])."""
+    return {name: exact_check.Promise(f"the op {spec.name}" if spec.exact.get(name) == contract else
+                                      f"{impl.name}'s EXACT", contract) for name, contract in impl.exact(spec).items()}
 
 
 def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device,
