@@ -474,6 +474,22 @@ def _rms_norm_rounding_fp32_weight(X, W, eps, gemma=False):
 rms_norm_rounds_fp32_weight = SimpleNamespace(rms_norm=_rms_norm_rounding_fp32_weight)
 
 
+# Llama's normed times W in float32, rounded once, where HF rounds normed to X's dtype and multiplies in
+# it (Gemma right): as precise as HF, not HF's rounding steps. A kernel that promises HF's cast order
+# (kernels' EXACT: Y keeps HF's rounding steps) breaks its promise in float16 and bfloat16; in float32
+# the two orders are one.
+def _rms_norm_scaling_before_rounding(X, W, eps, gemma=False):
+    if gemma:
+        return norm_ops.rms_norm(X, W, eps, gemma)
+    compute = torch.float64 if torch.float64 in (X.dtype, W.dtype) else torch.float32
+    h = X.to(compute)
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * W.to(compute)).to(torch.promote_types(X.dtype, W.dtype))
+
+
+rms_norm_scales_before_rounding = SimpleNamespace(rms_norm=_rms_norm_scaling_before_rounding, EXACT=kernels.EXACT)
+
+
 # --- RoPE bugs
 
 
@@ -624,6 +640,17 @@ def _swiglu_in_input_dtype(e, g):
 swiglu_silu_low_precision_forward = SimpleNamespace(swiglu=_swiglu_in_input_dtype)
 
 
+# silu(e) kept in float32 and multiplied by g there, rounded once, where HF rounds silu(e) to e's dtype
+# first: as precise as HF, not HF's rounding steps. Under the kernels' promise (EXACT: h keeps HF's
+# rounding steps) it fails in float16 and bfloat16; in float32 it is HF's own graph.
+def _swiglu_silu_in_float32(e, g):
+    compute = torch.float64 if e.dtype == torch.float64 else torch.float32
+    return (F.silu(e.to(compute)) * g.to(compute)).to(e.dtype)
+
+
+swiglu_keeps_silu_in_fp32 = SimpleNamespace(swiglu=_swiglu_silu_in_float32, EXACT=kernels.EXACT)
+
+
 # de's silu derivative with a flipped sign: se * (1 - e * (1 - se)) for se * (1 + e * (1 - se)).
 # Wrong in every dtype.
 def _swiglu_gradients_sign_flipped(dh, e, g):
@@ -760,6 +787,9 @@ CATALOGUE: tuple[Bug, ...] = (
         "sum-of-squares accumulator not reset between the 4 rows a program handles", "2 rows or more"),
     Bug("rms_norm_rounds_fp32_weight", "rms_norm", _LOW_PRECISION,
         "a float32 W rounded to X's dtype before scaling (Llama)", "float32 W, llama variant"),
+    Bug("rms_norm_scales_before_rounding", "rms_norm", _LOW_PRECISION,
+        "normed times W in float32, rounded once, where HF rounds normed first (Llama): HF's precision, not "
+        "HF's rounding steps, in a kernel that promises them (EXACT)", "llama variant"),
     Bug("rope_wrong_position_past_48", "rope", _EVERY_DTYPE,
         "token index clamped: tokens from 48 on take token 47's position", "seq > 48"),
     Bug("rope_first_row_positions", "rope", _EVERY_DTYPE,
@@ -784,6 +814,9 @@ CATALOGUE: tuple[Bug, ...] = (
     Bug("swiglu_silu_low_precision_forward", "swiglu", _EVERY_DTYPE,
         "silu as e * sigmoid(e) in the input dtype, no fp32 upcast",
         "in float32 only its autograd shows: de is NaN at e = -inf where silu's own backward is not"),
+    Bug("swiglu_keeps_silu_in_fp32", "swiglu", _LOW_PRECISION,
+        "silu(e) kept in float32 and times g there, rounded once, where HF rounds silu(e) first: HF's "
+        "precision, not HF's rounding steps, in a kernel that promises them (EXACT)"),
     Bug("swiglu_de_sign_flipped", "swiglu", _EVERY_DTYPE,
         "silu derivative mistyped as se * (1 - e * (1 - se))"),
     Bug("swiglu_fg_tail_block", "swiglu_fg_kernel", _EVERY_DTYPE,
