@@ -247,6 +247,28 @@ def test_merge_unions_lines_and_adds_counts_without_sharing_lists(kernel_file):
     assert b["other"]["k"]["hits"] == [2] and a["op"]["k"]["hits"] == [2, 3]
 
 
+def test_autotuners_of_one_definition_count_the_union_of_their_configs():
+    """A factory making one autotuned kernel per config list (tests/autotuned_impls.py): one
+    definition, one record, and its configs are all the lists' configs, also over processes."""
+    first, second = collect.Recorder(), collect.Recorder()
+    first.config_ran(types.SimpleNamespace(fn=_record, configs=["A", "B"]), "A", 2)
+    first.config_ran(types.SimpleNamespace(fn=_record, configs=["A", "C"]), "C", 2)
+    second.config_ran(types.SimpleNamespace(fn=_record, configs=["A", "D"]), "D", 2)
+    (record,) = first.to_json()[collect.OUTSIDE].values()
+    assert record["configs_total"] == 3 and record["configs"] == {"A": 1, "C": 1}
+    merged = kernel_coverage.merge(kernel_coverage.merge({}, first.to_json()), second.to_json())
+    (record,) = merged[collect.OUTSIDE].values()
+    assert record["configs_listed"] == ["A", "B", "C", "D"] and record["configs_total"] == 4
+
+
+def test_the_harnesss_own_kernels_are_not_recorded():
+    """Its interpreter probes (oracle/interpreter/) launch kernels: none is the code under test."""
+    recorder = collect.Recorder()
+    recorder.launched(summary.merge, ({}, {}), {})  # a function of the oracle package, with source
+    recorder.config_ran(types.SimpleNamespace(fn=summary.merge, configs=["A"]), "A", 1)
+    assert recorder.to_json() == {}
+
+
 def test_unreached_blocks_join_neighbours_under_one_condition(kernel_file):
     record = _record(kernel_file, [2, 3, 9, 11])  # A false and B never 3, yet the else never ran either
     assert kernel_coverage.unreached(record) == [4, 5, 7, 8, 10]
@@ -312,10 +334,11 @@ def test_nothing_is_hooked_without_triton_or_when_switched_off(monkeypatch):
     monkeypatch.setenv(collect.SWITCH, "0")
     assert kernel_coverage.install() is False and not collect.enabled()
     recorder = collect.Recorder()
-    recorder.config_ran(types.SimpleNamespace(fn=_record), "config", 2)  # a function with source
+    tuner = types.SimpleNamespace(fn=_record, configs=["config", "other"])  # a function with source
+    recorder.config_ran(tuner, "config", 2)
     assert recorder.to_json() == {}
     monkeypatch.setenv(collect.SWITCH, "1")
-    recorder.config_ran(types.SimpleNamespace(fn=_record), "config", 2)
+    recorder.config_ran(tuner, "config", 2)
     (record,) = recorder.to_json()[collect.OUTSIDE].values()
     assert record["configs"] == {"config": 1} and record["configs_total"] == 2 and not record["launched"]
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import inspect
 import os
 import sys
@@ -43,7 +44,9 @@ class KernelRecord:
     hits: set[int] = field(default_factory=set)
     specialisations: Counter = field(default_factory=Counter)
     configs: Counter = field(default_factory=Counter)
-    configs_total: int | None = None  # an autotuned kernel's config count
+    # An autotuned kernel's configs: several autotuners may wrap one definition (a factory making a
+    # kernel per config list), and the record is the definition's, so it counts their union.
+    configs_listed: set[str] = field(default_factory=set)
     launched: bool = False  # False: a @triton.jit helper only ever called from kernels
     traced: bool = False  # its statements were probed (the interpreter ran it; Note [Probes, not a tracer])
 
@@ -52,7 +55,8 @@ class KernelRecord:
                 "first_line": self.source.first_line,
                 "statements": sorted(self.source.statements), "hits": sorted(self.hits & self.source.statements),
                 "specialisations": dict(self.specialisations), "configs": dict(self.configs),
-                "configs_total": self.configs_total, "launched": self.launched, "traced": self.traced}
+                "configs_listed": sorted(self.configs_listed), "configs_total": len(self.configs_listed) or None,
+                "launched": self.launched, "traced": self.traced}
 
 
 class Recorder:
@@ -82,7 +86,7 @@ class Recorder:
         return record
 
     def launched(self, fn, args: tuple, kwargs: dict) -> None:
-        source = kernel_source(fn)
+        source = _users_source(fn)
         if source is None:
             return
         record = self.record(source)
@@ -90,12 +94,14 @@ class Recorder:
         record.specialisations[specialisation(fn, args, kwargs)] += 1
 
     def config_ran(self, tuner, config, total: int) -> None:
-        source = kernel_source(tuner) if enabled() else None
+        source = _users_source(tuner) if enabled() else None
         if source is None:
             return
         record = self.record(source)
         record.configs[str(config)] += 1
-        record.configs_total = total
+        # before the run pins its one config, ``tuner.configs`` lists them all (oracle/cases/autotune.py)
+        listed = [str(c) for c in getattr(tuner, "configs", ())]
+        record.configs_listed.update(listed if len(listed) == total else [str(config)])
 
     def to_json(self) -> dict:
         return {scope: {key: r.to_json() for key, r in kernels.items()} for scope, kernels in self.records.items()}
@@ -187,8 +193,8 @@ class _Probes(ast.NodeTransformer):
 def _probed_transform(original):
     def transform(self, src):
         tree = original(self, src)
-        source = kernel_source(self.fn)
-        if source is None or _in_triton(source.file):
+        source = _users_source(self.fn)
+        if source is None:
             return tree
         self.fn.__globals__[PROBE] = RECORDER.hit
         RECORDER.sources.append(source)
@@ -198,10 +204,23 @@ def _probed_transform(original):
     return transform
 
 
-def _in_triton(file: str) -> bool:
+HARNESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the oracle package
+
+
+@functools.lru_cache(maxsize=None)
+def _not_the_users(file: str) -> bool:
+    """A kernel of Triton's own (``tl.sum``), or of the harness's (its interpreter probes): never the
+    code under test, so neither probed nor recorded."""
     import triton
 
-    return os.path.abspath(file).startswith(os.path.dirname(os.path.abspath(triton.__file__)) + os.sep)
+    here = os.path.abspath(file)
+    return any(here.startswith(folder + os.sep) for folder in (os.path.dirname(os.path.abspath(triton.__file__)), HARNESS))
+
+
+def _users_source(kernel) -> KernelSource | None:
+    """The kernel's source, or None without one or for a kernel that is not the user's."""
+    source = kernel_source(kernel)
+    return None if source is None or _not_the_users(source.file) else source
 
 
 def _interpreted_run(original):

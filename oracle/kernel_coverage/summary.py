@@ -17,14 +17,15 @@ def merge(into: dict, other: dict) -> dict:
         for key, record in kernels.items():
             if key not in mine:
                 mine[key] = {**record, "hits": list(record["hits"]), "specialisations": dict(record["specialisations"]),
-                             "configs": dict(record["configs"])}
+                             "configs": dict(record["configs"]), "configs_listed": list(record.get("configs_listed", []))}
                 continue
             kept = mine[key]
             kept["hits"] = sorted(set(kept["hits"]) | set(record["hits"]))
             for name in ("specialisations", "configs"):
                 for value, count in record[name].items():
                     kept[name][value] = kept[name].get(value, 0) + count
-            kept["configs_total"] = kept["configs_total"] or record["configs_total"]
+            kept["configs_listed"] = sorted(set(kept["configs_listed"]) | set(record.get("configs_listed", [])))
+            kept["configs_total"] = len(kept["configs_listed"]) or kept["configs_total"] or record["configs_total"]
             kept["launched"] = kept["launched"] or record["launched"]
             kept["traced"] = kept["traced"] or record["traced"]
     return into
