@@ -127,17 +127,22 @@ RECORDER = Recorder()
 
 def specialisation(fn, args: tuple, kwargs: dict) -> str:
     """'NAME=value, ...' for a launch's constexpr arguments (defaults included), in signature order."""
-    fn = python_function(fn)
-    names = constexpr_names(fn)
+    signature, names = _constexprs(python_function(fn))
     if not names:
         return "(no constexpr)"
-    signature = inspect.signature(fn)
     try:
         bound = signature.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in signature.parameters})
     except TypeError:
         return "(unbound)"
     bound.apply_defaults()
     return ", ".join(f"{name}={_shown(bound.arguments.get(name))}" for name in names)
+
+
+@functools.lru_cache(maxsize=1024)
+def _constexprs(fn) -> tuple[inspect.Signature, list[str]]:
+    """A kernel's signature and constexpr names, read once: on a GPU a library's kernel passes
+    through JITFunction.run at every launch, and reading them took half a millisecond."""
+    return inspect.signature(fn), constexpr_names(fn)
 
 
 def _shown(value) -> str:
