@@ -78,7 +78,8 @@ def test_the_kernels_norm_is_not_hfs_bits_yet_keeps_its_rounding_steps(gemma):
     on about one float16 element in 50,000, which the bits contract fails: each lies at a rounding
     boundary, inside HF's rounding steps. The stratified cases are too small to meet one."""
     gen = torch.Generator().manual_seed(0)
-    X, W = (torch.randn(shape, generator=gen, dtype=torch.float64).to(torch.float16) for shape in ((512, 1000), 1000))
+    X, W = (torch.randn(shape, generator=gen, dtype=torch.float64).to(torch.float16).to(default_device())
+            for shape in ((512, 1000), 1000))
     reference = SPECS["rms_norm"].reference
     with torch.no_grad():
         Y = load("kernels").op("rms_norm")(X, W, 1e-6, gemma)

@@ -58,7 +58,8 @@ def demo_runs(tmp_path_factory) -> dict:
     (``sometimes``: the twin sets it for odd widths), and through the report (FLAG never set); at
     once, once per session. The suite runs float32's differential test only, in CI's profile."""
     def make(folder: Path) -> dict:
-        env = {**os.environ, "HYPOTHESIS_PROFILE": "ci",
+        # Lines are traced where the kernel's Python body runs: under the interpreter, on a GPU machine too.
+        env = {**os.environ, "HYPOTHESIS_PROFILE": "ci", "TRITON_INTERPRET": "1",
                "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
         env.pop("ORACLE_KERNEL_COVERAGE", None)
         suite = ["-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "oracle.suite", "--op-module", "coverage_demo",

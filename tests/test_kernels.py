@@ -69,9 +69,11 @@ def test_matches_hf_on_a_spread_of_shapes(case, device):
 def test_public_api_is_the_contract():
     """The package exports exactly the registry's ops, CLOBBERS, COMPILES, EXACT_MATHS and EXACT; a raw
     kernel clobbers the buffers its results land in, RoPE rotates Q and K in place, and nothing else
-    overwrites an argument; RoPE alone promises HF's bits (tests/test_exact.py)."""
+    overwrites an argument; RoPE alone promises HF's bits (tests/test_exact.py), the other ops HF's
+    rounding steps for their outputs (tests/test_exact_rounding.py)."""
     assert kernels.__all__ == sorted(["CLOBBERS", "COMPILES", "EXACT", "EXACT_MATHS", *SPECS])
-    assert kernels.EXACT == {"rope": True}
+    assert kernels.EXACT["rope"] is True
+    assert all(set(promise.values()) == {"rounding"} for op, promise in kernels.EXACT.items() if op != "rope")
     assert set(kernels.CLOBBERS) == set(SPECS)
     for name, spec in SPECS.items():
         expected = {"Q", "K"} if name == "rope" else set(spec.buffers_hold_outputs.values())

@@ -87,7 +87,9 @@ def test_a_run_classes_each_mutant(tmp_path):
     """The demo kernel (tests/mutation_demo.py): its store and masks are killed, its unmasked load
     is bit-identical (equivalent), and the branch under SHIFTED, which no launch sets, is not reached."""
     out = tmp_path / "mutants.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # Under the interpreter, on a GPU machine too: "not reached" needs the lines kernel coverage traces there.
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     runs = module_runs("oracle.mutate", {
         "demo": ["--op-module", "mutation_demo", "--impl", "mutation_demo:impl", "--ops", "double_it",
                  "--dtypes", "float32", "--no-float64", "--workers", "2", "--json", out],
