@@ -228,17 +228,8 @@ def _users_source(kernel) -> KernelSource | None:
     return None if source is None or _not_the_users(source.file) else source
 
 
-def _interpreted_run(original):
-    def run(self, *args, grid, warmup, **kwargs):
-        if not warmup:
-            RECORDER.launched(self.fn, args, kwargs)
-        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-    setattr(run, ORIGINAL, original)
-    return run
-
-
-def _compiled_run(original):
+def _recorded_run(original):
+    """A kernel's ``run`` (the interpreter's or Triton's compiled one) that records the launch first."""
     def run(self, *args, grid, warmup, **kwargs):
         if not warmup:
             RECORDER.launched(self.fn, args, kwargs)
@@ -263,9 +254,9 @@ def install() -> bool:
     from triton.runtime import interpreter
     from triton.runtime.jit import JITFunction
 
-    hooks = [(JITFunction, "run", _compiled_run)]
+    hooks = [(JITFunction, "run", _recorded_run)]
     if hasattr(interpreter, "FunctionRewriter"):  # a Triton whose interpreter rewrites a kernel's source (3.4+)
-        hooks += [(interpreter.InterpretedFunction, "run", _interpreted_run),
+        hooks += [(interpreter.InterpretedFunction, "run", _recorded_run),
                   (interpreter.FunctionRewriter, "_transform_ast", _probed_transform)]
     for owner, name, wrap in hooks:
         current = inspect.getattr_static(owner, name, None)
