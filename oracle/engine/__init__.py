@@ -35,6 +35,7 @@ from oracle.cases import Case
 from oracle.verdict import ELEMENT_BOUND, Noise, Spread, TensorVerdict, describe_element, judge, summation_noise
 from oracle.declare.implementations import Implementation
 from oracle.checks import exact as exact_check
+from oracle.checks import overflow
 from oracle.checks import rounding
 from oracle.checks.memory import BROADCAST_ROWS, CONTIGUOUS, GuardedTensor, Layout, Snapshot, bits, copy_into, rehomed_allocations
 from oracle.declare.registry import SPECS
@@ -85,6 +86,9 @@ class CaseResult:
     scope: str = ""  # what was judged, where not the whole case (a case at scale)
     generic: dict = field(default_factory=dict)  # reference ops the derived model's generic rule modelled
     configs: list[str] = field(default_factory=list)  # "kernel: config" of each autotuned launch the case ran
+    # Where HF's reference goes non-finite and what to change there (oracle/checks/overflow.py), on a
+    # case whose verdicts have reference_nonfinite; "" on the others.
+    reference_diagnosis: str = ""
 
     def __repr__(self) -> str:  # the case and the outcome; explain() has the rest
         return f"CaseResult({self.status}: {self.case.summary()} [impl {self.impl}])"
@@ -96,15 +100,18 @@ class CaseResult:
     @property
     def declaration_problems(self) -> list[str]:
         """Where HF's reference is non-finite and the float64 truth a number (compare.py, Note [A
-        reference that overflows]): the declaration's problem, whatever the implementation did."""
+        reference that overflows]): the declaration's problem, whatever the implementation did. The
+        last names the statement to change, where the diagnosis ran (oracle/checks/overflow.py)."""
         out = []
         for v in self.verdicts:
             if v.reference_nonfinite:
                 w = v.reference_worst
+                advice = "" if self.reference_diagnosis else f": it overflows in {v.dtype}; compute it in a wider dtype"
                 out.append(f"HF's reference gives {v.reference_nonfinite} non-finite value(s) in {v.name} where the "
                            f"float64 truth is a {v.dtype} number (first at {w['index']}: HF {w['h']:.6g}, truth "
-                           f"{w['t']:.6g}): it overflows in {v.dtype}; compute it in a wider dtype. There the "
-                           "implementation is judged against the truth alone")
+                           f"{w['t']:.6g}){advice}. There the implementation is judged against the truth alone")
+        if out and self.reference_diagnosis:
+            out.append(self.reference_diagnosis)
         return out
 
     @property
@@ -115,6 +122,7 @@ class CaseResult:
         return {"case": self.case.record(), "impl": self.impl, "status": self.status,
                 "verdicts": [v.to_dict() for v in self.verdicts], "findings": [asdict(f) for f in self.findings],
                 "error": self.error, "seconds": self.seconds, "repro": self.repro, "configs": self.configs,
+                "reference_diagnosis": self.reference_diagnosis,
                 "explain": self.explain()}
 
     def explain(self) -> str:
@@ -669,6 +677,14 @@ def exact_tensors(spec: OpSpec, impl: Implementation) -> dict[str, exact_check.P
                                       f"{impl.name}'s EXACT", contract) for name, contract in impl.exact(spec).items()}
 
 
+def _reference_diagnosis(spec: OpSpec, prepared: Prepared, verdicts: list[TensorVerdict]) -> str:
+    """Where HF's reference is non-finite and the truth a number, the statement of it to change,
+    found on the arguments HF's evaluation of that tensor was given; "" elsewhere (it runs the
+    reference again: only on the rare case that has the problem)."""
+    flagged = next((v for v in verdicts if v.reference_nonfinite), None)
+    return "" if flagged is None else overflow.diagnose(spec, prepared.inputs_of(flagged.name)[0])
+
+
 def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device,
              observe: Callable[[ImplRun], None] | None = None) -> CaseResult:
     """Everything for one case; exceptions become an 'error' result carrying the traceback.
@@ -692,6 +708,7 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device,
             result.verdicts, unwritten = judge_all(spec, prepared, run, exact_tensors(spec, impl))
             result.findings = run.findings + unwritten
             result.scope, result.generic = prepared.scope, prepared.generic
+            result.reference_diagnosis = _reference_diagnosis(spec, prepared, result.verdicts)
             del prepared, run  # before the GPU goes to the next case at scale
         if result.findings or not all(v.passed for v in result.verdicts):
             result.status = "fail"

@@ -29,7 +29,8 @@ BUDGET = case_budget()
 
 class DeclarationNote(UserWarning):
     """A case passed, but its declaration has a problem (HF's reference overflows where the truth is
-    a number: compare.py, Note [A reference that overflows]); shown in pytest's warnings summary."""
+    a number: compare.py, Note [A reference that overflows]), with the statement of the reference to
+    change (oracle/checks/overflow.py); shown in pytest's warnings summary."""
 
 
 # Hypothesis prints a failing example's arguments, the fixtures too: an implementation and a case by
@@ -45,8 +46,10 @@ def judged(result) -> None:
         raise CaseError(result)
     if not result.passed:
         raise CaseFailed(result)
-    for problem in result.declaration_problems:
-        warnings.warn(DeclarationNote(f"{result.case.summary()}: {problem}\nrerun: {result.repro}"), stacklevel=2)
+    problems = result.declaration_problems
+    if problems:  # one warning a case: the counts per tensor, then the statement to change
+        warnings.warn(DeclarationNote("\n".join([f"{result.case.summary()}: {problems[0]}", *problems[1:],
+                                                 f"rerun: {result.repro}"])), stacklevel=2)
 
 
 def _require_op(impl, spec: OpSpec, asked_ops: list[str]):
