@@ -61,12 +61,14 @@ def _op(name, reference, values, eps):
 
 
 # The overflow: large values (1000 N(0, 1)) with the usual eps; the underflow: tiny ones with eps 0.
-LARGE_HALF, LARGE_FLOAT = _op("half_energy", half_energy, "large", 1e-6), _op("float_energy", float_energy, "large", 1e-6)
+LARGE_HALF = _op("half_energy", half_energy, "large", 1e-6)
+LARGE_FLOAT = _op("float_energy", float_energy, "large", 1e-6)
 TINY_HALF, TINY_FLOAT = _op("half_sq_norm", half_norm, _tiny, 0.0), _op("float_sq_norm", float_norm, _tiny, 0.0)
 
 
 def _case(op) -> Case:
-    return Case(op.name, "default", "float16", {"rows": 4, "cols": 16}, "contiguous", "large", {}, seed=2)
+    """X's values are the op's own (large or tiny) whatever the case's kind."""
+    return Case(op.name, "default", "float16", {"rows": 4, "cols": 16}, "contiguous", "normal", {}, seed=2)
 
 
 def _impl(name: str, op, fn) -> Implementation:
@@ -137,6 +139,35 @@ def test_impl_hf_fails_naming_the_line(kind, device):
     assert f"declaration problem: HF's reference first {what} in float16 {at}" in str(failed.value)
 
 
+def half_magnitude(X, W, eps):
+    """|x| as sqrt(x * x) in X's dtype: its forward stays finite (0 where x * x flushes to 0), its
+    derivative x / sqrt(x * x) is inf there."""
+    return W * (X * X + eps).sqrt()
+
+
+def float_magnitude(X, W, eps):
+    x = X.float()
+    return W * (x * x + eps).sqrt().to(X.dtype)
+
+
+MAGNITUDE = _op("half_magnitude", half_magnitude, _tiny, 0.0)
+FLOAT_MAGNITUDE = _op("float_magnitude", float_magnitude, _tiny, 0.0)
+
+
+def test_a_forward_that_stays_finite_names_its_underflow(device):
+    """Only a gradient is non-finite: the forward's underflow is named as the likely cause; the float32
+    reference on the same inputs gets nothing."""
+    result = run_case(MAGNITUDE.spec, _case(MAGNITUDE), _impl("hf", MAGNITUDE, half_magnitude), device)
+    assert [v.name for v in result.verdicts if v.reference_nonfinite] == ["dX"], result.explain()
+    assert result.reference_diagnosis.startswith(
+        "HF's reference is finite in its forward on this case's inputs, so its non-finite values are its gradients'"
+        f", which autograd computes in its dtypes; a likely cause, its forward first underflows in float16 "
+        f"{_at(half_magnitude, 'return W * (X * X + eps).sqrt()')}: aten.mul gives 0 where"), result.explain()
+    correct = run_case(FLOAT_MAGNITUDE.spec, _case(FLOAT_MAGNITUDE), _impl("f32", FLOAT_MAGNITUDE, float_magnitude),
+                       device)
+    assert correct.passed and correct.reference_diagnosis == "", correct.explain()
+
+
 def in_place_norm(X, W, eps):
     """Squares X where it lies, as a memory-saving module might."""
     X.mul_(X)
@@ -169,7 +200,8 @@ def test_a_helper_is_named_and_an_unrelated_underflow_is_not():
     spec = SimpleNamespace(reference=with_a_helper, call=lambda fn, a: (fn(a["X"], a["W"], a["eps"]),))
     culprit, cause, _ = overflow.find_steps(spec, args)
     assert cause is None and culprit.op == "aten.mul" and culprit.statement.text == "return x * x"
-    assert overflow.diagnose(spec, args).startswith(f"HF's reference first overflows in float16 {_at(_square, 'return x * x')}")
+    expected = f"HF's reference first overflows in float16 {_at(_square, 'return x * x')}"
+    assert overflow.diagnose(spec, args).startswith(expected)
 
 
 def test_a_failing_diagnosis_gives_a_line_not_an_exception(monkeypatch, device):

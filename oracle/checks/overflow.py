@@ -145,6 +145,12 @@ def _in_float64(value):
     return value
 
 
+def _exactly_comparable(func) -> bool:
+    """Whether the op in float64 computes what it computes in the input's dtype: not a random draw
+    (a second one would also move the reference's generator) nor a reinterpretation of bits."""
+    return torch.Tag.nondeterministic_seeded not in func.tags and func is not torch.ops.aten.view.dtype
+
+
 class _Operands:
     """An op's inputs as they were before it ran (an in-place op overwrites its first): the floating
     tensors, which of their elements are non-finite, the floating scalars, and float64 copies."""
@@ -162,6 +168,8 @@ class _Operands:
     def exact(self, position: int, like: torch.Tensor) -> torch.Tensor | None:
         """The op's ``position``-th floating output evaluated in float64, or None where it cannot be
         (evaluated once: an in-place op writes into its float64 copies)."""
+        if self._exact is None and not _exactly_comparable(self.func):
+            self._exact = []
         if self._exact is None:
             self.magnitudes()  # first: an in-place op's float64 evaluation writes into the copies
             try:
@@ -235,7 +243,7 @@ class _Watch(TorchDispatchMode):
         self.reference_file, self.depth = reference_file, depth
         self.culprit: Step | None = None
         self.cause: Step | None = None
-        self._underflows: list[Step] = []
+        self.underflows: list[Step] = []
         self._origins: dict[int, tuple[weakref.ref, int]] = {}  # id(tensor) -> (the tensor, its underflow)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -251,7 +259,7 @@ class _Watch(TorchDispatchMode):
             if bad is not None:
                 self.culprit = self._step(operands, position, o, bad)
                 if origin is not None and (self.culprit.exact is None or not math.isfinite(self.culprit.exact)):
-                    self.cause = self._underflows[origin]  # its inputs were lost, by that underflow
+                    self.cause = self.underflows[origin]  # its inputs were lost, by that underflow
                 return out
         if origin is None:
             origin = self._underflow(operands, outs)
@@ -270,8 +278,8 @@ class _Watch(TorchDispatchMode):
                 continue  # nothing 0 or subnormal: no float64 evaluation needed
             lost = underflowed(o, operands.exact(position, o))
             if lost is not None:
-                self._underflows.append(self._step(operands, position, o, lost, prefer=o == 0))
-                return len(self._underflows) - 1
+                self.underflows.append(self._step(operands, position, o, lost, prefer=o == 0))
+                return len(self.underflows) - 1
         return None
 
     def _step(self, operands: _Operands, position: int, out: torch.Tensor, mask: torch.Tensor,
@@ -304,12 +312,16 @@ def _diagnosis(spec, args: dict) -> str:
 
 def find_steps(spec, args: dict) -> tuple[Step | None, Step | None, bool]:
     """The culprit, the underflow that caused it (None where it overflows by itself), and whether the
-    forward's outputs are finite: ``spec.reference`` run forward on copies of ``args``."""
+    forward's outputs are finite: ``spec.reference`` run forward on copies of ``args``. A forward
+    that is finite has no culprit; its first underflow, if any, stands as the cause (autograd's
+    derivatives of a 0 that should be a number are where its gradients go non-finite)."""
     copies = {name: v.detach().clone() if isinstance(v, torch.Tensor) else v for name, v in args.items()}
     watch = _Watch(source_file(spec.reference), len(traceback.extract_stack()))
     with torch.no_grad(), watch:
         outputs = spec.call(spec.reference, copies)
     finite = all(bool(torch.isfinite(t).all()) for t in tree_flatten(outputs)[0] if _floating(t))
+    if watch.culprit is None and finite and watch.underflows:  # the gradients' likely cause
+        return None, watch.underflows[0], finite
     return watch.culprit, watch.cause, finite
 
 
@@ -327,22 +339,29 @@ def _number(value: float) -> str:
     return f"{float(f'{value:.3g}'):g}" if 1e-3 <= abs(value) < 1e6 else f"{value:.3g}"
 
 
+def _underflow(step: Step) -> str:
+    dtype = _dtype(step.dtype)
+    return (f"underflows in {dtype} {step.where()}: {step.op} gives {step.gives()} where the exact value is "
+            f"{step.exact:.2g} ({dtype}'s smallest normal is {torch.finfo(step.dtype).tiny:.2g})")
+
+
 def described(culprit: Step | None, cause: Step | None, name: str, finite: bool = False) -> str:
     """The diagnosis as a user acts on it; ``finite``: whether the forward's outputs were."""
     advice = (f"compute this step in float32 (`{name}.float()` before it, `.to({name}.dtype)` where the op's "
               "result is rounded), as Hugging Face's norms do")
     if culprit is None and finite:
-        return (f"HF's reference is finite in its forward on this case's inputs, so its non-finite values are "
-                f"its gradients', which autograd computes in its dtypes: {advice.replace('this step', 'it')}")
+        forward = ("HF's reference is finite in its forward on this case's inputs, so its non-finite values are "
+                   "its gradients', which autograd computes in its dtypes")
+        if cause is None:
+            return f"{forward}: {advice.replace('this step', 'it')}"
+        return f"{forward}; a likely cause, its forward first {_underflow(cause)}: {advice}"
     if culprit is None:
         return ("HF's reference gives non-finite outputs, but no step of it turns finite inputs into non-finite "
                 f"values (they are in its inputs already): {advice.replace('this step', 'it')}")
     dtype, low, high = _dtype(culprit.dtype), *culprit.inputs
     if cause is not None:
-        return (f"HF's reference first underflows in {_dtype(cause.dtype)} {cause.where()}: {cause.op} gives "
-                f"{cause.gives()} where the exact value is {cause.exact:.2g} ({_dtype(cause.dtype)}'s smallest "
-                f"normal is {torch.finfo(cause.dtype).tiny:.2g}); {culprit.op} {culprit.where(text=False)} then "
-                f"gives {culprit.gives()}; {advice}")
+        return (f"HF's reference first {_underflow(cause)}; {culprit.op} {culprit.where(text=False)} then gives "
+                f"{culprit.gives()}; {advice}")
     if culprit.exact is None or math.isfinite(culprit.exact):
         return (f"HF's reference first overflows in {dtype} {culprit.where()}: {culprit.op} gives {culprit.gives()} "
                 f"from finite inputs (largest |input| {_number(high)}, {dtype}'s largest finite value "
