@@ -15,7 +15,9 @@ Note [Naming the statement that overflows]
       float64 gives a nonzero number below the dtype's smallest normal, off by more than the dtype's
       epsilon. Underflow alone is often harmless (a tiny square summed with large ones), so it is
       named only where it caused the culprit: every tensor carries the first underflow it was
-      computed from, and the culprit of the second kind names the one its inputs carry.
+      computed from, and the culprit of the second kind names the one its inputs carry. A forward
+      with no culprit (only a gradient is non-finite: autograd's derivative of that 0) names its
+      first underflow as the likely cause.
 
     A step's statement is found on the Python stack when the op runs: the innermost frame in the
     reference's own source file (a helper in that file included), since that is what the user
