@@ -1,5 +1,12 @@
-"""A declared op and a Triton kernel for mutation testing's own tests: the kernel doubles each row,
-and adds one only under a constexpr (SHIFTED) that no launch sets, a branch no case reaches."""
+"""Declared ops and Triton kernels for mutation testing's own tests.
+
+double_it: the kernel doubles each row, and adds one only under a constexpr (SHIFTED) that no launch
+sets, a branch no case reaches.
+
+cubic_it: a cubic in Horner's form, which HF's maths evaluates in float32 (six roundings) and the
+kernel in float64 (one). Its mutant without the upcast is HF's evaluation: every verdict passes it,
+yet its typical error is three times the kernel's, which the gate sees against a baseline of the
+kernel (``--baseline``)."""
 
 import torch
 import triton
@@ -41,4 +48,29 @@ class _Double(torch.autograd.Function):
         return dY * 2
 
 
-impl = implementation(double_it=_Double.apply)
+def _cubic(X):
+    return ((X * 0.3 + 0.7) * X + 1.1) * X + 0.9
+
+
+CUBIC_IT = Op("cubic_it", reference=_cubic, inputs={"X": Tensor("rows", "cols")},
+              dims={"rows": Dim(1, 64, programs=True), "cols": Dim(1, 300, special=(1, 7, 128, 129))},
+              outputs=("Y",), differentiable=(), dtypes=("float32",))
+
+
+@triton.jit
+def _cubic_kernel(X, Y, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(X + offsets, mask=mask, other=0.0).to(tl.float64)
+    y = ((x * 0.3 + 0.7) * x + 1.1) * x + 0.9
+    tl.store(Y + offsets, y.to(Y.dtype.element_ty), mask=mask)
+
+
+def _cubic_launch(X):
+    x = X.contiguous()
+    y = torch.empty_like(x)
+    _cubic_kernel[(triton.cdiv(x.numel(), 256),)](x, y, x.numel(), BLOCK=256)
+    return y
+
+
+impl = implementation(double_it=_Double.apply, cubic_it=_cubic_launch)

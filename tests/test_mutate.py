@@ -83,13 +83,23 @@ def test_a_mutant_survives_json(mutants):
     assert all(Mutant.from_json(json.loads(json.dumps(m.to_json()))) == m for m in mutants)
 
 
+def _demo_line(text: str) -> int:
+    """The line of tests/mutation_demo.py that holds ``text``."""
+    lines = (ROOT / "tests" / "mutation_demo.py").read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if text in line)
+
+
+def _demo_env() -> dict:
+    # Under the interpreter, on a GPU machine too: "not reached" needs the lines kernel coverage traces there.
+    return {**os.environ, "TRITON_INTERPRET": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
 def test_a_run_classes_each_mutant(tmp_path):
     """The demo kernel (tests/mutation_demo.py): its store and masks are killed, its unmasked load
     is bit-identical (equivalent), and the branch under SHIFTED, which no launch sets, is not reached."""
     out = tmp_path / "mutants.json"
-    # Under the interpreter, on a GPU machine too: "not reached" needs the lines kernel coverage traces there.
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = _demo_env()
     runs = module_runs("oracle.mutate", {
         "demo": ["--op-module", "mutation_demo", "--impl", "mutation_demo:impl", "--ops", "double_it",
                  "--dtypes", "float32", "--no-float64", "--workers", "2", "--json", out],
@@ -102,10 +112,10 @@ def test_a_run_classes_each_mutant(tmp_path):
     demo = runs["demo"]
     assert demo.returncode == 1, demo.stdout + demo.stderr  # survivors: the branch nobody reaches
     classes = {(m["operator"], m["line"]): m["class"] for m in json.loads(out.read_text())["mutants"]}
-    assert classes[("store_dropped", 28)] == "killed"
-    assert classes[("mask_off_by_one", 23)] == "killed"
-    assert classes[("mask_dropped", 24)] == "equivalent"
-    assert classes[("sign_changed", 27)] == "not reached"
+    assert classes[("store_dropped", _demo_line("tl.store(Y + row"))] == "killed"
+    assert classes[("mask_off_by_one", _demo_line("mask = offsets < cols"))] == "killed"
+    assert classes[("mask_dropped", _demo_line("x = tl.load(X + row"))] == "equivalent"
+    assert classes[("sign_changed", _demo_line("y = y + 1"))] == "not reached"
     assert "reached only under `SHIFTED`" in demo.stdout and "SHIFTED=False" in demo.stdout
     assert "mutation score (mutation_demo:impl on double_it" in demo.stdout
     for name, needle in (("no such op", "unknown op(s) nope"), ("no such operator", "unknown operator(s) typo"),
@@ -131,5 +141,55 @@ def test_each_class_from_its_evidence(mutants):
     assert judged([0, 1], Outcome("fail", 1, "FAIL Y", checks=["verdict"])) == score.KILLED
     assert judged([0, 1], Outcome("pass", digests={0: "a", 1: "b"})) == score.EQUIVALENT
     assert judged([0, 1], Outcome("pass", digests={0: "a", 1: "changed"})) == score.UNDETECTED
+    # a survivor of the suite, then judged by the gate (--baseline): a regression kills it, a pass keeps it
+    survivor = score.judged(m, [0, 1], Outcome("pass", digests={0: "a", 1: "changed"}), baseline, labels, [])
+    flagged = score.gated(survivor, Outcome("fail", 3, "Y: precision lost", checks=["gate"]), {3: "op float32"})
+    assert flagged.verdict == score.KILLED and score.killed_by(flagged) == "gate"
+    assert flagged.why == "killed by the gate on op float32: Y: precision lost"
+    assert score.gated(survivor, Outcome("pass"), {}).verdict == score.UNDETECTED
+    assert score.gated(survivor, None, {}) is survivor  # --time-limit ran out before the gate judged it
     results = [score.Judged(m, v, 1, None, "") for v in (score.KILLED, score.UNDETECTED, score.EQUIVALENT, score.NOT_RUN)]
     assert score.score(results) == 0.5  # equivalent and not run stay out of it
+
+
+def test_the_gate_judges_the_survivors(tmp_path):
+    """--baseline: the cubic's mutant without its float64 upcast is HF's own float32 evaluation, so
+    every case of the suite passes it; against a baseline of the kernel the gate sees its typical
+    error tripled and kills it, and without one it survives. A baseline the gate cannot use is
+    refused (exit 2) before any mutant runs."""
+    env = _demo_env()
+    demo = ["--op-module", "mutation_demo", "--impl", "mutation_demo:impl"]
+    baseline = tmp_path / "baseline.json"
+    made = module_runs("oracle.report", {"baseline": [
+        *demo, "--ops", "cubic_it", "--workers", "2", "--json", tmp_path / "report.json",
+        "--html", tmp_path / "report.html", "--update-baseline", "--baseline", baseline]}, timeout=600, env=env)
+    assert made["baseline"].returncode == 0, made["baseline"].stdout + made["baseline"].stderr
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{not json")
+    one_mutant = [*demo, "--ops", "cubic_it", "--operators", "upcast_removed", "--dtypes", "float32",
+                  "--no-float64", "--workers", "2"]
+    runs = module_runs("oracle.mutate", {
+        "gated": [*one_mutant, "--baseline", baseline, "--json", tmp_path / "gated.json"],
+        "ungated": [*one_mutant, "--json", tmp_path / "ungated.json"],
+        "missing": [*one_mutant, "--baseline", tmp_path / "nowhere.json"],
+        "unreadable": [*one_mutant, "--baseline", garbage],
+        "another op's": [*demo, "--ops", "double_it", "--baseline", baseline],
+    }, timeout=600, env=env)
+    gated, ungated = runs["gated"], runs["ungated"]
+    assert gated.returncode == 0, gated.stdout + gated.stderr  # its one mutant killed
+    assert ungated.returncode == 1, ungated.stdout + ungated.stderr
+    [killed] = json.loads((tmp_path / "gated.json").read_text())["mutants"]
+    assert killed["line"] == _demo_line(".to(tl.float64)") and killed["class"] == "killed"
+    assert killed["killed_by"] == "gate" and "precision lost" in killed["gate"]["finding"], killed
+    assert killed["why"].startswith("killed by the gate on cubic_it"), killed["why"]
+    gate = json.loads((tmp_path / "gated.json").read_text())["gate"]
+    assert (gate["judged"], gate["killed"], gate["baseline"]) == (1, 1, str(baseline)), gate
+    assert "1 by gate" in gated.stdout and "judged 1 survivor(s) of the suite, killed 1" in gated.stdout
+    ungated_json = json.loads((tmp_path / "ungated.json").read_text())
+    assert "gate" not in ungated_json and [m["class"] for m in ungated_json["mutants"]] == ["undetected"]
+    for name, needle in (("missing", "no baseline at"), ("unreadable", "is not readable JSON"),
+                         ("another op's", "holds no cell of double_it")):
+        run = runs[name]
+        assert run.returncode == 2 and "oracle.mutate: --baseline: " in run.stderr and needle in run.stderr, \
+            (name, run.stderr)
+        assert "baseline of" not in run.stderr, (name, run.stderr)  # refused before the suite's baseline ran

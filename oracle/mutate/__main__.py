@@ -7,8 +7,10 @@ It runs the implementation once on the generic suite's CI-profile cases, recordi
 statements each case runs (kernel coverage); makes every mutant of the kernels it launched
 (oracle/mutate/operators.py); runs each mutant in a process of its own on the cases that reach its
 statement, cheapest and most often killing first, until one fails; and reports the score and every
-survivor, classed (oracle/mutate/score.py). Exit status: 0 when every non-equivalent mutant was
-killed, 1 when some survived, 2 on bad usage or a baseline that already fails.
+survivor, classed (oracle/mutate/score.py). With ``--baseline PATH`` (a stored report run) the
+suite's survivors are then judged by the gate against it (oracle/mutate/gate.py). Exit status: 0
+when every non-equivalent mutant was killed, 1 when some survived, 2 on bad usage, a baseline of
+cases that already fails, or a --baseline the gate cannot judge with.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ def parse(argv):
     parser.add_argument("--json", default=None, metavar="PATH", help="write every mutant and its class here")
     parser.add_argument("--dtypes", default=None, help="comma-separated dtypes of the cases (default: all three)")
     parser.add_argument("--no-float64", action="store_true", help="leave out the float64 checks")
+    parser.add_argument("--baseline", default=None, metavar="PATH",
+                        help="a stored report run (python -m oracle.report --update-baseline): a mutant every suite "
+                             "case passes is then judged by the gate against it, as python -m oracle.report --gate "
+                             "judges a run, and a regression kills it")
     return parser.parse_args(argv)
 
 
@@ -93,10 +99,22 @@ def main(argv=None) -> int:
     dtypes = tuple(d.strip() for d in args.dtypes.split(",")) if args.dtypes else FLOAT_DTYPES
     if not dtypes or any(d not in FLOAT_DTYPES for d in dtypes):
         return _fail(f"--dtypes takes some of {', '.join(FLOAT_DTYPES)}, got {args.dtypes!r}")
+    gate = None
+    if args.baseline is not None:  # refused here, before any mutant runs, as the report's gate refuses it
+        from oracle.engine import noise_rule
+        from oracle.environment import platform_key
+        from oracle.errors import BaselineError
+        from oracle.mutate.gate import plan
+
+        try:
+            gate = plan(args.baseline, ops, platform_key(), noise_rule())
+        except BaselineError as exc:
+            return _fail(f"--baseline: {exc}")
     from oracle.mutate.session import Session
 
     session = Session(args.impl, ops, chosen, args.workers, native_gpu(), case_budget(), dtypes,
-                      float64=not args.no_float64, op_modules=tuple(args.op_module), time_limit=args.time_limit)
+                      float64=not args.no_float64, op_modules=tuple(args.op_module), time_limit=args.time_limit,
+                      gate=gate)
     return session.run(args.limit, args.json, _progress)
 
 

@@ -14,6 +14,7 @@ Note [A process per mutant]
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.abc
 import importlib.util
@@ -112,7 +113,8 @@ def _child(conn, kind: str, payload: dict) -> None:
         from oracle.engine.devices import default_device
 
         load_declared(payload["op_modules"])
-        work = baseline_work if kind == "baseline" else mutant_work
+        # a kind is one of this module's works, or another module's work function (the gate's)
+        work = kind if callable(kind) else {"baseline": baseline_work, "mutant": mutant_work}[kind]
         result = work(**{k: v for k, v in payload.items() if k != "op_modules"}, device=default_device(),
                       started=lambda index: conn.send(("item", index)))
         conn.send(("done", result))
@@ -140,20 +142,26 @@ def baseline_work(items: list[Item], chosen: list[int], impl: str, device, start
     return {"items": answers, "kernels": RECORDER.to_json()}
 
 
-def mutant_work(mutant: Mutant, items: list[Item], order: list[int], impl: str, scratch: str, device,
-                started) -> Outcome:
-    """The mutant on ``order``'s items until one fails; its edited file lives in a folder under
-    ``scratch``, which the parent removes in the end (a crashed child cannot)."""
+@contextlib.contextmanager
+def installed(mutant: Mutant, scratch: str):
+    """The implementation's modules served with the mutant's edit from here on; its edited file
+    lives in a folder under ``scratch``, which the parent removes in the end (a crashed child cannot)."""
     folder = Path(tempfile.mkdtemp(prefix=f"mutant-{mutant.number}-", dir=scratch))
     try:
-        return _judged_mutant(mutant, folder, items, order, impl, device, started)
+        _install_mutant(mutant, folder)
+        yield
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _judged_mutant(mutant: Mutant, folder: Path, items: list[Item], order: list[int], impl: str, device,
-                   started) -> Outcome:
-    _install_mutant(mutant, folder)
+def mutant_work(mutant: Mutant, items: list[Item], order: list[int], impl: str, scratch: str, device,
+                started) -> Outcome:
+    """The mutant on ``order``'s items until one fails."""
+    with installed(mutant, scratch):
+        return _judged_mutant(items, order, impl, device, started)
+
+
+def _judged_mutant(items: list[Item], order: list[int], impl: str, device, started) -> Outcome:
     from oracle.declare.implementations import load
 
     loaded = load(impl)

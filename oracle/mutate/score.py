@@ -9,12 +9,13 @@ Classes, as a kernel author acts on them:
 - ``equivalent``: every case that ran it passed with the unmutated kernel's bits exactly: nothing
   any check can see, on these cases;
 - ``undetected``: cases ran it and its bits differ, yet every verdict passed: the gap to close.
-The score is killed / (all - equivalent)."""
+With a baseline (--baseline), a survivor of the suite that the gate flags is ``killed`` too, by the
+gate (oracle/mutate/gate.py). The score is killed / (all - equivalent)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from oracle.kernel_coverage.source import conditions_over
 from oracle.mutate.mutants import Mutant, launch_sites
@@ -22,6 +23,7 @@ from oracle.mutate.runner import Outcome
 
 KILLED, NOT_REACHED, EQUIVALENT, UNDETECTED = "killed", "not reached", "equivalent", "undetected"
 NOT_RUN = "not run"  # left when --time-limit ran out: counted apart, never in the score
+SURVIVED = (NOT_REACHED, EQUIVALENT, UNDETECTED)  # what passed the suite's cases: the gate judges these
 
 
 @dataclass
@@ -31,12 +33,19 @@ class Judged:
     reached: int  # how many items ran the mutated statement (all items for host code)
     outcome: Outcome | None
     why: str  # killed: the failure; not reached: what would reach it; otherwise what was compared
+    gate: Outcome | None = None  # the gate's judgement of a survivor, where a baseline was given
+
+    @property
+    def by_gate(self) -> bool:
+        return self.gate is not None and self.gate.status != "pass"
 
     def to_json(self) -> dict:
+        gate = {} if self.gate is None else {"gate": {"status": self.gate.status, "finding": self.gate.message,
+                                                      "seconds": round(self.gate.seconds, 3)}}
         return {**self.mutant.to_json(), "class": self.verdict, "reached": self.reached, "why": self.why,
                 "killed_by": killed_by(self) if self.verdict == KILLED else None,
                 "status": self.outcome.status if self.outcome else None,
-                "seconds": round(self.outcome.seconds, 3) if self.outcome else 0.0}
+                "seconds": round(self.outcome.seconds, 3) if self.outcome else 0.0, **gate}
 
 
 def not_reached_why(mutant: Mutant, specialisations: list[str] | None, known: frozenset[str] = frozenset()) -> str:
@@ -77,9 +86,23 @@ def judged(mutant: Mutant, reached: list[int], outcome: Outcome | None, baseline
                   f"{labels[differ[0]]}), and every verdict passed")
 
 
+def gated(result: Judged, outcome: Outcome | None, labels: dict[int, str]) -> Judged:
+    """A survivor of the suite after the gate: killed where it found a regression (a crash or a
+    time limit in the report's tasks fails the gate too), else as it was, saying what the gate ran."""
+    if result.verdict not in SURVIVED or outcome is None:
+        return result
+    if outcome.status == "pass":
+        return replace(result, gate=outcome, why=f"{result.why}; the gate passed it")
+    where = labels.get(outcome.item, "before any task") if outcome.item is not None else "before any task"
+    found = outcome.message if outcome.status == "fail" else f"{outcome.status}: {outcome.message}"
+    return replace(result, verdict=KILLED, gate=outcome, why=f"killed by the gate on {where}: {found}")
+
+
 def killed_by(result: Judged) -> str:
     """The check that killed a mutant: the verdict on values, a finding's check (exact, guard-band,
-    ...), the float64 check, or the process itself (an error, a crash, a timeout)."""
+    ...), the float64 check, the gate, or the process itself (an error, a crash, a timeout)."""
+    if result.by_gate:
+        return "gate"
     if result.outcome.status in ("crash", "timeout"):
         return result.outcome.status
     return "+".join(result.outcome.checks) or result.outcome.status
@@ -100,7 +123,7 @@ def score(results: list[Judged]) -> float | None:
     return sum(r.verdict == KILLED for r in counted) / len(counted) if counted else None
 
 
-def report_lines(results: list[Judged], title: str) -> list[str]:
+def report_lines(results: list[Judged], title: str, gate: dict | None = None) -> list[str]:
     counts = Counter(r.verdict for r in results)
     value = score(results)
     lines = [f"mutation score ({title}): " + (f"{value:.1%}" if value is not None else "n/a") +
@@ -111,6 +134,9 @@ def report_lines(results: list[Judged], title: str) -> list[str]:
     lines.append(f"  killed {counts[KILLED]} (" + ", ".join(f"{n} by {k}" for k, n in sorted(how.items())) + ")")
     lines.append(f"  equivalent {counts[EQUIVALENT]}, not reached {counts[NOT_REACHED]}, "
                  f"reached but undetected {counts[UNDETECTED]}")
+    if gate is not None:
+        lines.append(f"  the gate ({gate['tasks']} task(s) of the {gate['grid']} grid against {gate['baseline']}): "
+                     f"judged {gate['judged']} survivor(s) of the suite, killed {gate['killed']}")
     by_operator = Counter((r.mutant.operator, r.verdict == KILLED) for r in results
                           if r.verdict not in (EQUIVALENT, NOT_RUN))
     operators = sorted({r.mutant.operator for r in results})

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from oracle import kernel_coverage
 from oracle.declare.registry import SPECS
+from oracle.mutate import gate as mutate_gate
 from oracle.mutate import score
 from oracle.mutate.cases import items_of
 from oracle.mutate.mutants import Mutant, jit_callers, launched_in, mutants_of_kernels
+from oracle.mutate.gate import Plan
 from oracle.mutate.runner import Outcome, default_workers, run_all
 
 BASELINE_TIMEOUT_S = 1800.0
@@ -25,8 +27,10 @@ FORK_AND_IMPORT_S = 30.0  # a child's own start: importing the implementation, c
 class Session:
     def __init__(self, impl: str, ops: list[str], operators: list[str], workers: int | None, gpu: bool,
                  budget, dtypes: tuple[str, ...], float64: bool = True, op_modules: tuple[str, ...] = (),
-                 time_limit: float | None = None) -> None:
+                 time_limit: float | None = None, gate: Plan | None = None) -> None:
         self.impl, self.ops, self.operators, self.gpu, self.op_modules = impl, ops, set(operators), gpu, list(op_modules)
+        self.gate = gate  # the stored report run survivors are gated against (--baseline), or None
+        self.gated: dict | None = None  # what the gate did: the JSON's "gate"
         self.device = "cuda" if gpu else "cpu"  # each child picks its own (oracle.engine.devices.default_device)
         self.stop_at = time.monotonic() + time_limit if time_limit else None
         self.workers = workers or default_workers(gpu)
@@ -92,11 +96,20 @@ class Session:
               f"{len({(m.file, m.function) for m in mutants})} function(s) in {len({m.file for m in mutants})} file(s)",
               file=sys.stderr, flush=True)
         results = self.mutants(mutants, passing, items, traced, kernels, progress)
+        status = None
+        if self.gate is not None:
+            try:
+                results = self.gated_results(results, progress)
+            except RuntimeError as exc:  # the unmutated implementation fails the gate: it judges nothing
+                print(f"oracle.mutate: {exc}", file=sys.stderr)
+                status = 2
         title = f"{self.impl} on {', '.join(self.ops)}, {self.device}"
-        print("\n".join(score.report_lines(results, title)))
+        print("\n".join(score.report_lines(results, title, self.gated)))
         print(f"oracle.mutate: {time.monotonic() - started:.0f} s in all", file=sys.stderr)
         if json_path:
             self.write(json_path, results, title, time.monotonic() - started)
+        if status is not None:
+            return status
         return 0 if all(r.verdict in (score.KILLED, score.EQUIVALENT) for r in results) else 1
 
     def mutants(self, mutants, passing, items, traced, kernels, progress) -> list[score.Judged]:
@@ -140,5 +153,75 @@ class Session:
         data = {"title": title, "impl": self.impl, "ops": self.ops, "device": str(self.device),
                 "items": len(self.items), "seconds": round(seconds, 1), "score": score.score(results),
                 "catches": score.catches(results),
+                **({"gate": self.gated} if self.gated is not None else {}),
                 "mutants": [r.to_json() for r in results]}
         Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+    # --- the gate where a baseline is given (oracle/mutate/gate.py, Note [The gate judges the survivors])
+
+    def gated_results(self, results: list[score.Judged], progress) -> list[score.Judged]:
+        """``results`` with the suite's survivors judged by the gate: those it flags killed."""
+        survivors = [r for r in results if r.verdict in score.SURVIVED]
+        self.gated = {"baseline": self.gate.path, "grid": self.gate.grid, "tasks": len(self.gate.tasks),
+                      "judged": 0, "killed": 0}
+        if not survivors:
+            return results
+        reference = self.gate_reference()
+        reach = {r.mutant.number: self.gate_reach(r.mutant, reference) for r in survivors}
+
+        def make(m):
+            order = sorted(reach[m.number], key=lambda t: reference["seconds"][t])
+            return lambda: (mutate_gate.mutant_work, {
+                "mutant": m, "plan": self.gate, "order": order, "reference": reference["answers"],
+                "environment": reference["environment"], "impl": self.impl, "op_modules": self.op_modules,
+                "scratch": scratch})
+
+        jobs = [(r.mutant.number, make(r.mutant),
+                 3 * sum(reference["seconds"][t] for t in reach[r.mutant.number]) + FORK_AND_IMPORT_S)
+                for r in survivors if reach[r.mutant.number]]
+        print(f"oracle.mutate: the gate judges {len(jobs)} of {len(survivors)} survivor(s) (the others run no task "
+              f"of its grid)", file=sys.stderr, flush=True)
+        scratch = tempfile.mkdtemp(prefix="oracle-mutate-gate-")
+        try:
+            answers = run_all(jobs, self.workers, self.gpu, progress(len(jobs), time.monotonic()), self.stop_at)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        labels = {t.id: t.label for t in self.gate.tasks}
+        judged = [score.gated(r, answers.get(r.mutant.number), labels) for r in results]
+        self.gated.update(judged=sum(r.mutant.number in answers for r in survivors),
+                          killed=sum(r.by_gate for r in judged))
+        return judged
+
+    def gate_reference(self) -> dict:
+        """The unmutated implementation on the gate's tasks, split over the workers: per task its
+        answer, lines and time, and the environment; raises RuntimeError where it fails the gate."""
+        tasks = self.gate.tasks
+        print(f"oracle.mutate: the gate: the unmutated {self.impl} on {self.gate.summary()}", file=sys.stderr,
+              flush=True)
+        chunks = [list(range(i, len(tasks), self.workers)) for i in range(min(self.workers, len(tasks)))]
+        jobs = [(n, (lambda chunk=chunk: (mutate_gate.reference_work, {
+                    "tasks": tasks, "chosen": chunk, "impl": self.impl, "op_modules": self.op_modules})),
+                 BASELINE_TIMEOUT_S) for n, chunk in enumerate(chunks)]
+        reference = {"answers": {}, "lines": {}, "seconds": {}, "environment": None}
+        for n, answer in sorted(run_all(jobs, self.workers, self.gpu).items()):
+            if isinstance(answer, Outcome):
+                where = tasks[answer.item].label if answer.item is not None else "loading it"
+                raise RuntimeError(f"the gate: the unmutated {self.impl} {answer.status} on {where}: {answer.message}")
+            for name in ("answers", "seconds"):
+                reference[name].update(answer[name])
+            reference["lines"].update({t: {tuple(pair) for pair in ran} for t, ran in answer["lines"].items()})
+            reference["environment"] = reference["environment"] or answer["environment"]
+        problem = mutate_gate.regression(self.gate, reference["answers"], reference["environment"], self.impl)
+        if problem:
+            raise RuntimeError(f"the unmutated {self.impl} fails the gate against {self.gate.path}, so the gate "
+                               f"could tell no mutant from it: {problem}")
+        return reference
+
+    def gate_reach(self, mutant: Mutant, reference: dict) -> list[int]:
+        """The gate's tasks that run the mutated statement: where lines are traced (a kernel, on a
+        CPU), those whose unmutated run ran it; every task for host code and on a GPU."""
+        tasks = [t.id for t in self.gate.tasks]
+        if not mutant.jit or self.gpu:
+            return tasks
+        wanted = (mutant.kernel_key, mutant.statement)
+        return [t for t in tasks if wanted in reference["lines"][t]]
