@@ -54,6 +54,63 @@ def _backward(X, W, DY, DX, DW_ROWS, n, eps, GEMMA: tl.constexpr, ROW_SUM_IN_16_
     tl.store(DW_ROWS + row * n + cols, dw, mask=mask)
 
 
+@triton.jit
+def _forward_keeping_rstd(X, W, Y, RSTD, n, eps, BLOCK: tl.constexpr):
+    """Llama's forward that also stores each row's 1/rms in float32, for a backward from Y."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(X + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
+    y = (x * rstd).to(X.dtype.element_ty).to(tl.float32) * w
+    tl.store(Y + row * n + cols, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + row, rstd)
+
+
+@triton.jit
+def _backward_from_output(Y, W, RSTD, DY, DX, DW_ROWS, n, BLOCK: tl.constexpr):
+    """The memory-saving design: normed recomputed as Y / W from the stored output, not from X."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    w = tl.load(W + cols, mask=mask, other=1.0).to(tl.float32)
+    normed = tl.load(Y + row * n + cols, mask=mask, other=0.0).to(tl.float32) / w
+    dy = tl.load(DY + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.load(RSTD + row)
+    g = (dy * w).to(DX.dtype.element_ty).to(tl.float32)
+    dx = rstd * (g - normed * (tl.sum(g * normed, axis=0) / n))
+    tl.store(DX + row * n + cols, dx.to(DX.dtype.element_ty), mask=mask)
+    tl.store(DW_ROWS + row * n + cols, dy * normed.to(DX.dtype.element_ty).to(tl.float32), mask=mask)
+
+
+class _FromOutput(torch.autograd.Function):
+    """Llama's RMSNorm that saves Y (in X's dtype) and 1/rms for its backward instead of X."""
+
+    @staticmethod
+    def forward(ctx, X, W, eps):
+        x = X.reshape(-1, X.shape[-1]).contiguous()
+        rows, n = x.shape
+        Y = torch.empty(x.shape, dtype=torch.promote_types(X.dtype, W.dtype), device=x.device)
+        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+        if rows and n:
+            _forward_keeping_rstd[(rows,)](x, W.contiguous(), Y, rstd, n, eps, BLOCK=triton.next_power_of_2(n))
+        ctx.save_for_backward(Y, W, rstd)
+        ctx.shape, ctx.dtype = X.shape, X.dtype
+        return Y.reshape(X.shape)
+
+    @staticmethod
+    def backward(ctx, dY):
+        Y, W, rstd = ctx.saved_tensors
+        rows, n = Y.shape
+        dX = torch.empty(Y.shape, dtype=ctx.dtype, device=Y.device)
+        dW_rows = torch.zeros(rows, n, dtype=torch.float32, device=Y.device)
+        if rows and n:
+            _backward_from_output[(rows,)](Y, W.contiguous(), rstd, dY.reshape(-1, n).contiguous(), dX, dW_rows, n,
+                                           BLOCK=triton.next_power_of_2(n))
+        return dX.reshape(ctx.shape), dW_rows.sum(0).to(W.dtype), None
+
+
 def _build(row_sum_in_16_bits: bool):
     class RMSNorm(torch.autograd.Function):
         @staticmethod
@@ -110,3 +167,9 @@ correct = implementation(rms_norm=_correct, wide_rms_norm=_as_declared(_correct)
                          NO_FLOAT64={"rms_norm", "wide_rms_norm"})
 sixteen_bit_sum = implementation(rms_norm=_sixteen_bit_sum, wide_rms_norm=_as_declared(_sixteen_bit_sum),
                                  NO_FLOAT64={"rms_norm", "wide_rms_norm"})
+# The backward from the saved output, as it declares itself (oracle/noise/saved.py, Note [Saved
+# activations in the input dtype]) and as it would be without the declaration.
+_from_output = _as_declared(lambda X, W, eps, gemma=False: _FromOutput.apply(X, W, eps))
+saved_output = implementation(wide_rms_norm=_from_output, NO_FLOAT64={"wide_rms_norm"},
+                              SAVED_IN_INPUT_DTYPE={"wide_rms_norm"})
+saved_output_undeclared = implementation(wide_rms_norm=_from_output, NO_FLOAT64={"wide_rms_norm"})

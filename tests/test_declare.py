@@ -343,7 +343,8 @@ def test_implementation_takes_every_attribute_an_implementation_declares():
     for path in (ROOT / "oracle").rglob("*.py"):
         read |= set(re.findall(r"getattr\((?:self|impl|implementation)\.target, \"([A-Z_0-9]+)\"", path.read_text()))
     assert read and read <= set(impls.ATTRIBUTES), sorted(read - set(impls.ATTRIBUTES))
-    assert set(impls.ATTRIBUTES) == {"CLOBBERS", "LACKING", "NO_FLOAT64", "EXACT_MATHS", "COMPILES", "EXACT"}
+    assert set(impls.ATTRIBUTES) == {"CLOBBERS", "LACKING", "NO_FLOAT64", "EXACT_MATHS", "SAVED_IN_INPUT_DTYPE", "COMPILES",
+                                     "EXACT"}
 
     refused = {
         "COMPILE": (dict(COMPILE=True), r"implementation\(COMPILE=...\): COMPILE is not an attribute an implementation "

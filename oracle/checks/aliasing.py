@@ -47,7 +47,7 @@ def _verdict_findings(check: str, spec: OpSpec, got: dict, prepared, names) -> l
 def sum_loss(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
     """Backward of ``sum(op(x))``: every output's gradient is a stride-0 expanded ones tensor."""
     prepared = prepare(spec, case, device, upstream_fn=lambda c, n, out: torch.ones_like(out),
-                       maths=impl.maths(spec.name))
+                       maths=impl.maths(spec.name), saved=impl.saves_in_input_dtype(spec.name))
     guards: list[GuardedTensor] = []
     args, leaves = place(spec, case, prepared.args, device, guards)
     with torch.enable_grad(), rehomed_allocations() as allocations:
@@ -67,7 +67,7 @@ def shared_input(spec: OpSpec, case: Case, impl: Implementation, device) -> list
     shared = [n for n in spec.differentiable if n not in impl.clobbers(spec.name)]
     if not shared:
         return []
-    prepared = prepare(spec, case, device, maths=impl.maths(spec.name))
+    prepared = prepare(spec, case, device, maths=impl.maths(spec.name), saved=impl.saves_in_input_dtype(spec.name))
     guards: list[GuardedTensor] = []
     args, leaves = place(spec, case, prepared.args, device, guards)
     findings = []
@@ -112,7 +112,7 @@ def retain_graph(spec: OpSpec, case: Case, impl: Implementation, device) -> list
 
 def fused_views(spec: OpSpec, case: Case, impl: Implementation, device) -> list[Finding]:
     """Layout arguments as views of one fused buffer, with a bystander block (V) beside them."""
-    prepared = prepare(spec, case, device, maths=impl.maths(spec.name))
+    prepared = prepare(spec, case, device, maths=impl.maths(spec.name), saved=impl.saves_in_input_dtype(spec.name))
     first = prepared.args[spec.layout_args[0]]
     shapes = {n: tuple(prepared.args[n].shape) for n in spec.layout_args} | {"bystander": tuple(first.shape)}
     home = GuardedTensor(spec.fusion.shape(shapes), first.dtype, device, label="fused buffer")

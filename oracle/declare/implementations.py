@@ -11,6 +11,9 @@ the registry, named as in ``kernels/__init__.py``) and optionally:
 - ``NO_FLOAT64``: ops that have no float64 path. Only these skip the float64 checks (gradcheck).
 - ``EXACT_MATHS``: True (or a set of ops): the implementation evaluates exp, division and square
   roots as exactly as CUDA's library does, and is judged without the room fast GPU maths has.
+- ``SAVED_IN_INPUT_DTYPE``: True (or a set of ops): the op's backward reads what its forward saved
+  rounded to the input's 16-bit dtype (a norm that recomputes from its stored output), a rounding
+  point the verdict then grants (oracle/noise/saved.py, Note [Saved activations in the input dtype]).
 - ``COMPILES``: True (or a set of ops): the ops go whole into a ``torch.compile`` graph, so that a
   graph break fails the compile check (oracle/checks/compile.py) instead of being a note.
 - ``EXACT``: {op: the compared tensors (or True: all of them) that equal HF's bits, or a dict of
@@ -70,6 +73,8 @@ ATTRIBUTES = {
     "LACKING": "a dict of op -> why it is not provided",
     "NO_FLOAT64": "a collection of the ops without a float64 path",
     "EXACT_MATHS": "True, False or a collection of the ops with exact exp, division and square roots",
+    "SAVED_IN_INPUT_DTYPE": "True, False or a collection of the ops whose backward reads what the forward saved, "
+                            "rounded to the input's dtype",
     "COMPILES": "True, False or a collection of the ops that go whole into a torch.compile graph",
     "EXACT": "a dict of op -> the compared tensors equal to HF's bits (True: all of them), or a dict of "
              "tensor -> 'bits' or 'rounding'",
@@ -87,7 +92,8 @@ def __getattr__(name: str):
 def implementation(**given) -> "Partial":
     """An implementation of some ops (``implementation(layer_norm=my_layer_norm)``) that declares
     every other op of the registry lacking. It takes every attribute of ``ATTRIBUTES`` as a keyword
-    (``CLOBBERS``, ``LACKING``, ``NO_FLOAT64``, ``EXACT_MATHS``, ``COMPILES``, ``EXACT``); any other upper-case
+    (``CLOBBERS``, ``LACKING``, ``NO_FLOAT64``, ``EXACT_MATHS``, ``SAVED_IN_INPUT_DTYPE``, ``COMPILES``, ``EXACT``);
+    any other upper-case
     keyword, a value of the wrong form, or an op that is not callable raises DeclarationError here.
     The op names (keywords, and those inside the attributes) are checked when the harness loads the
     implementation (``Implementation``), once the declarations are loaded: an unknown one is an error
@@ -136,7 +142,7 @@ def _attribute_problem(name: str, value) -> str | None:
             if problem is not None:
                 return problem or f" ({name}[{op!r}] is not a collection of names)"
         return None
-    if name in ("EXACT_MATHS", "COMPILES") and isinstance(value, bool):
+    if name in ("EXACT_MATHS", "SAVED_IN_INPUT_DTYPE", "COMPILES") and isinstance(value, bool):
         return None
     return names(value)
 
@@ -248,6 +254,12 @@ class Implementation:
         if isinstance(declared, bool):
             return "exact" if declared else "fast"
         return "exact" if op in set(declared) else "fast"
+
+    def saves_in_input_dtype(self, op: str) -> bool:
+        """Whether the verdict grants the op's backward its saved activations rounded to the input's
+        dtype (SAVED_IN_INPUT_DTYPE: True, or a set of ops; oracle/noise/saved.py)."""
+        declared = getattr(self.target, "SAVED_IN_INPUT_DTYPE", False)
+        return declared if isinstance(declared, bool) else op in set(declared)
 
     def exact(self, spec) -> dict[str, str]:
         """The compared tensors of an op (its OpSpec) held to a contract, each to "bits" or "rounding"

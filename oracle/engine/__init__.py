@@ -28,6 +28,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from oracle import kernel_coverage, noise
+from oracle.noise.saved import storage_dtype
 from oracle.cases import autotune
 from oracle.declare import reference as R
 from oracle.cases import scale
@@ -89,6 +90,7 @@ class CaseResult:
     # Where HF's reference goes non-finite and what to change there (oracle/checks/overflow.py), on a
     # case whose verdicts have reference_nonfinite; "" on the others.
     reference_diagnosis: str = ""
+    hints: list[str] = field(default_factory=list)  # what the implementation may declare (saved_room_hint)
 
     def __repr__(self) -> str:  # the case and the outcome; explain() has the rest
         return f"CaseResult({self.status}: {self.case.summary()} [impl {self.impl}])"
@@ -123,6 +125,7 @@ class CaseResult:
                 "verdicts": [v.to_dict() for v in self.verdicts], "findings": [asdict(f) for f in self.findings],
                 "error": self.error, "seconds": self.seconds, "repro": self.repro, "configs": self.configs,
                 "reference_diagnosis": self.reference_diagnosis,
+                "hints": self.hints,
                 "explain": self.explain()}
 
     def explain(self) -> str:
@@ -147,9 +150,11 @@ class CaseResult:
                 + (f" against-the-truth={v.reference_element_max:.2g}/{ELEMENT_BOUND:g} ({v.reference_nonfinite} where HF "
                    "is non-finite)" if v.reference_nonfinite and v.reference_element_max is not None else "")
                 + (" [passed in the room of fast maths: exp as Triton's tl.exp]" if v.needed_fast_maths else "")
+                + (" [passed in the room of activations saved in the input dtype]" if v.needed_saved_room else "")
                 + ("" if v.passed else f"\n       {v.reason}" + (
                     f"; largest |k-t| {describe_element(**v.worst)}" if v.worst and not v.nonfinite_mismatches else "")))
         lines += [f"  declaration problem: {problem}" for problem in self.declaration_problems]
+        lines += [f"  hint: {hint}" for hint in self.hints]
         if self.generic:
             ops = ", ".join(f"{op} ({n} call{'s' if n > 1 else ''})" for op, n in sorted(self.generic.items()))
             lines.append(f"  noise: the derived model had no exact rule for {ops}: they were modelled by its generic "
@@ -234,21 +239,28 @@ class Prepared:
     reference_inputs: tuple[dict, dict] = ({}, {})
     summed_inputs: dict[str, tuple[dict, dict]] = field(default_factory=dict)
     nudged: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # name -> (down, up)
+    # SAVED_IN_INPUT_DTYPE granted (oracle/noise/saved.py): element_noise and reordered include that
+    # rounding point; ``unsaved`` holds, per tensor, the noise and other order without it.
+    saved: bool = False
+    unsaved: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
 
     def judge(self, name: str, got: torch.Tensor) -> TensorVerdict:
         """The verdict on one compared tensor of an implementation (compare.judge); with fast maths,
-        whether it needed that room to pass."""
-        def verdict(noise_of, room):
-            noise = Noise(sum_noise=self.sum_noise.get(name, 0.0), element_noise=noise_of[name],
+        whether it needed that room to pass, and with saved activations rounded, whether it needed
+        that rounding point."""
+        def verdict(noise, room, reordered=None):
+            noise = Noise(sum_noise=self.sum_noise.get(name, 0.0), element_noise=noise,
                           order_noise=self.order_noise.get(name), hf_room=self.noise_model == "derived",
                           typical_room=room.get(name) if room else None, spread=self.spread.get(name))
             return judge(name, self.compared_part(name, got), self.hf.tensors()[name], self.truth.tensors()[name],
-                         noise, self.reordered.tensors().get(name))
+                         noise, self.reordered.tensors().get(name) if reordered is None else reordered)
 
-        granted = verdict(self.element_noise, self.typical_room)
+        granted = verdict(self.element_noise[name], self.typical_room)
         needed = self.maths == "fast" and granted.passed and self.exact_noise is not None and \
-            not verdict(self.exact_noise, None).passed
-        return dataclasses.replace(granted, maths=self.maths, needed_fast_maths=needed)
+            not verdict(self.exact_noise[name], None).passed
+        needed_saved = granted.passed and name in self.unsaved and \
+            not verdict(*self.unsaved[name][:1], self.typical_room, self.unsaved[name][1]).passed
+        return dataclasses.replace(granted, maths=self.maths, needed_fast_maths=needed, needed_saved_room=needed_saved)
 
     def inputs_of(self, name: str) -> tuple[dict, dict]:
         return self.summed_inputs.get(name, self.reference_inputs)
@@ -272,15 +284,19 @@ def _nudged_evaluation(spec: OpSpec, args: dict, upstream: dict | None, steps: i
         return evaluate(spec, spec.reference, args, upstream).tensors()
 
 
-def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient, maths: str = "fast") -> Prepared:
-    """``maths``: the rule the noise model grants (an implementation's ``maths(op)``, Note [Fast maths])."""
+def prepare(spec: OpSpec, case: Case, device, upstream_fn=upstream_gradient, maths: str = "fast",
+            saved: bool = False) -> Prepared:
+    """``maths``: the rule the noise model grants (an implementation's ``maths(op)``, Note [Fast maths]);
+    ``saved``: whether it grants the backward's saved activations rounded to the input's dtype (an
+    implementation's ``saves_in_input_dtype(op)``, Note [Saved activations in the input dtype])."""
     args = spec.make_args(case, device)
+    saved = saved and spec.differentiable and storage_dtype(args) is not None
     if scale.judged_on_a_slice(spec, case):
-        return _prepare_on_a_slice(spec, case, args, upstream_fn, maths)
+        return _prepare_on_a_slice(spec, case, args, upstream_fn, maths, saved)
     # HF's forward gives the outputs' shapes and dtypes, from which the upstream gradients are drawn.
     forward = evaluate(spec, spec.reference, args, None)
     upstream = {name: upstream_fn(case, name, out) for name, out in forward.outputs.items()} if spec.differentiable else {}
-    return _references(spec, case, args, upstream, maths)
+    return _references(spec, case, args, upstream, maths, saved)
 
 
 NOISE_MODELS = ("declared", "derived")
@@ -372,10 +388,11 @@ def _compute(case: Case) -> torch.dtype:
     return torch.float64 if case.dtype == "float64" else torch.float32
 
 
-def _references(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str = "fast") -> Prepared:
+def _references(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str = "fast",
+                saved: bool = False) -> Prepared:
     hf = evaluate(spec, spec.reference, args, upstream)
     models = noise_models(spec, args, upstream,
-                          lambda: noise.derive(spec, args, upstream, _compute(case), records=True), maths)
+                          lambda: noise.derive(spec, args, upstream, _compute(case), records=True, saved=saved), maths)
     derived = models.derived
     if spec.takes_compute:
         truth = evaluate(spec, spec.reference, {k: R.upcast(v) for k, v in args.items()},
@@ -385,13 +402,22 @@ def _references(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str
     if spec.reference_reordered is not None:
         reordered = evaluate(spec, spec.reference_reordered, args, upstream, compute=torch.float32)
     else:
-        reordered = _split(spec, noise.reordered(spec, args, upstream, _compute(case)))
+        reordered = _split(spec, noise.reordered(spec, args, upstream, _compute(case), saved=saved))
     sum_noise = {name: summation_noise(*terms(args, upstream), _compute(case))
                  for name, terms in spec.summed.items()}
     return Prepared(args, upstream, hf, truth, reordered, sum_noise, models.element, models.order,
                     noise_model=models.model, maths=models.maths, exact_noise=models.exact,
                     typical_room=models.typical_room, generic=models.generic, spread=models.spread,
-                    reference_inputs=(args, upstream))
+                    reference_inputs=(args, upstream), saved=saved,
+                    unsaved=_unsaved(spec, case, args, upstream, maths) if saved else {})
+
+
+def _unsaved(spec: OpSpec, case: Case, args: dict, upstream: dict, maths: str) -> dict:
+    """Per gradient, the noise and the other order without the saved activations' rounding: what
+    the verdict would have been without SAVED_IN_INPUT_DTYPE (Prepared.judge)."""
+    models = noise_models(spec, args, upstream, lambda: noise.derive(spec, args, upstream, _compute(case)), maths)
+    reordered = noise.reordered(spec, args, upstream, _compute(case)) if spec.reference_reordered is None else {}
+    return {name: (models.element[name], reordered.get(name)) for name in spec.grad_names() if name in models.element}
 
 
 def _split(spec: OpSpec, tensors: dict[str, torch.Tensor]) -> Evaluation:
@@ -399,7 +425,8 @@ def _split(spec: OpSpec, tensors: dict[str, torch.Tensor]) -> Evaluation:
                       {n: tensors[n] for n in spec.grad_names() if n in tensors})
 
 
-def _prepare_on_a_slice(spec: OpSpec, case: Case, args: dict, upstream_fn, maths: str = "fast") -> Prepared:
+def _prepare_on_a_slice(spec: OpSpec, case: Case, args: dict, upstream_fn, maths: str = "fast",
+                        saved: bool = False) -> Prepared:
     """A case at scale (oracle/cases/scale.py, Note [Judging a case at scale]): the references of a slice of
     its programs, and of the gradients summed over all of them; the implementation gets it whole."""
     programs = spec.programs
@@ -411,7 +438,7 @@ def _prepare_on_a_slice(spec: OpSpec, case: Case, args: dict, upstream_fn, maths
     count, largest = programs.size(case)
     index = scale.compared_programs(count, largest // count, case.seed)
     prepared = _references(spec, case, programs.args(args, index),
-                           {name: programs.tensor(t, index) for name, t in upstream.items()}, maths)
+                           {name: programs.tensor(t, index) for name, t in upstream.items()}, maths, saved)
     for name in programs.summed_gradients:
         _summed_over_every_program(spec, case, prepared, name, args, upstream)
     prepared.args, prepared.upstream = args, upstream
@@ -433,7 +460,8 @@ def _summed_over_every_program(spec: OpSpec, case: Case, prepared: Prepared, nam
         for index in scale.chunks(count, largest // count):
             yield spec.programs.args(args, index), {k: spec.programs.tensor(v, index) for k, v in upstream.items()}
 
-    models = noise_models(spec, args, upstream, lambda: noise.derive_summed(spec, name, parts(), _compute(case)),
+    models = noise_models(spec, args, upstream,
+                          lambda: noise.derive_summed(spec, name, parts(), _compute(case), prepared.saved),
                           prepared.maths, names=(name,))
     derived = models.derived
     if spec.takes_compute:
@@ -449,8 +477,9 @@ def _summed_over_every_program(spec: OpSpec, case: Case, prepared: Prepared, nam
         prepared.reordered.grads[name] = evaluate(spec, spec.reference_reordered, args, upstream,
                                                   compute=torch.float32).grads[name]
     else:
-        prepared.reordered.grads[name] = noise.reordered_summed(spec, name, parts(), _compute(case))
+        prepared.reordered.grads[name] = noise.reordered_summed(spec, name, parts(), _compute(case), prepared.saved)
     prepared.element_noise[name] = models.element[name]
+    prepared.unsaved.pop(name, None)  # at scale the summed gradient's "needed" is not derived twice
     if name in models.order:
         prepared.order_noise[name] = models.order[name]
     if prepared.exact_noise is not None:
@@ -671,6 +700,26 @@ def _broken_promise(spec: OpSpec, prepared: Prepared, name: str, phase: str, k: 
                     index, expected, found)]
 
 
+def saved_room_hint(spec: OpSpec, case: Case, prepared: Prepared, run: ImplRun, verdicts: list[TensorVerdict]) -> list[str]:
+    """Where a gradient fails only by what rounding the backward's saved activations to the input's
+    dtype costs, say so and name the declaration (oracle/noise/saved.py, Note [Saved activations in
+    the input dtype]): the one thing a correct kernel that recomputes from a stored 16-bit output
+    must add. Judged again only on a failure, never at scale."""
+    failed = [v.name for v in verdicts if not v.passed and v.name in run.grads]
+    dtype = storage_dtype(prepared.args)
+    if not failed or prepared.saved or prepared.scope or dtype is None or prepared.noise_model != "derived":
+        return []
+    granted = _references(spec, case, prepared.args, prepared.upstream, prepared.maths, saved=True)
+    passing = [name for name in failed if granted.judge(name, run.grads[name]).passed]
+    if not passing:
+        return []
+    dtype = str(dtype).removeprefix("torch.")
+    return [f"{', '.join(passing)} would pass if the backward read its saved activations rounded to {dtype}: "
+            "if the implementation saves an activation in the input's dtype and recomputes from it, declare that "
+            "(SAVED_IN_INPUT_DTYPE, docs/reference/verdict.md); if it does not, it loses precision HF's float32 "
+            "backward keeps"]
+
+
 def exact_tensors(spec: OpSpec, impl: Implementation) -> dict[str, exact_check.Promise]:
     """The tensors a case holds to a contract, each with who promised which (Note [Exact bits])."""
     return {name: exact_check.Promise(f"the op {spec.name}" if spec.exact.get(name) == contract else
@@ -701,12 +750,14 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device,
     try:
         # a case at scale waits for its GPU before its time starts (oracle/cases/scale.py)
         with scale.one_at_a_time(spec, case, device), time_limit(case.summary()):
-            prepared = prepare(spec, case, device, maths=impl.maths(spec.name))
+            prepared = prepare(spec, case, device, maths=impl.maths(spec.name),
+                               saved=impl.saves_in_input_dtype(spec.name))
             run = run_impl(spec, case, impl, prepared, device)
             if observe is not None:
                 observe(run)
             result.verdicts, unwritten = judge_all(spec, prepared, run, exact_tensors(spec, impl))
             result.findings = run.findings + unwritten
+            result.hints = saved_room_hint(spec, case, prepared, run, result.verdicts)
             result.scope, result.generic = prepared.scope, prepared.generic
             result.reference_diagnosis = _reference_diagnosis(spec, prepared, result.verdicts)
             del prepared, run  # before the GPU goes to the next case at scale

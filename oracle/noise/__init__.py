@@ -24,6 +24,7 @@ Note [The derived noise model]
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from oracle.noise import rounding
+from oracle.noise.saved import saved_activations
 from oracle.noise.shadow import Shadow, evaluating
 
 NOISE_SDS = 3.0  # standard deviations of the rounding noise that count as "what HF's maths can do"
@@ -79,15 +81,18 @@ class DerivedModel:
 
 
 def shadow_run(spec, args: dict, upstream: dict, mode: str, compute: torch.dtype | None = None,
-               records: bool = False) -> tuple[dict[str, Shadow], dict]:
+               records: bool = False, saved: bool = False) -> tuple[dict[str, Shadow], dict]:
     """The spec's reference on shadows of the arguments in ``mode`` (shadow.py's ``evaluating``),
     forward and backward for the upstream gradients: every compared tensor as a Shadow, and the ops
-    modelled generically. (Sample mode's draws go through ``evaluating`` itself, with a seed.)"""
+    modelled generically. (Sample mode's draws go through ``evaluating`` itself, with a seed.) With
+    ``saved``, the backward reads what the forward saved rounded to the case's 16-bit dtype (Note
+    [Saved activations in the input dtype])."""
     fn = _with_compute(spec.reference, compute)
     with evaluating(mode, records=records) as state, torch.enable_grad():
         shadows = {name: Shadow.of(value, requires_grad=name in spec.differentiable)
                    for name, value in args.items() if isinstance(value, torch.Tensor) and value.is_floating_point()}
-        outputs = dict(zip(spec.outputs, spec.call(fn, {**args, **shadows})))
+        with saved_activations(args, shadows, state) if saved else contextlib.nullcontext():
+            outputs = dict(zip(spec.outputs, spec.call(fn, {**args, **shadows})))
         tensors = dict(outputs)
         if spec.differentiable and upstream:
             names = [n for n in spec.outputs if outputs[n].requires_grad]
@@ -100,11 +105,12 @@ def shadow_run(spec, args: dict, upstream: dict, mode: str, compute: torch.dtype
     return tensors, dict(state.generic)
 
 
-def derive(spec, args: dict, upstream: dict, compute: torch.dtype | None = None, records: bool = False) -> DerivedModel:
+def derive(spec, args: dict, upstream: dict, compute: torch.dtype | None = None, records: bool = False,
+           saved: bool = False) -> DerivedModel:
     """Note [The derived noise model] for one case's arguments and upstream gradients; with
     ``records``, ``accumulated`` holds what the accumulation of each tensor that is a sum's output came
-    from (Note [One long sum])."""
-    tensors, generic = shadow_run(spec, args, upstream, "variance", compute, records=records)
+    from (Note [One long sum]); with ``saved``, Note [Saved activations in the input dtype]."""
+    tensors, generic = shadow_run(spec, args, upstream, "variance", compute, records=records, saved=saved)
     return DerivedModel({name: t.value.detach() for name, t in tensors.items()},
                         {name: t.var - t.own for name, t in tensors.items()},
                         {name: t.order for name, t in tensors.items()}, generic,
@@ -157,7 +163,7 @@ def coherence(samples: list[torch.Tensor], truth: torch.Tensor, variance: torch.
 #     tests/test_scale.py compares the two derivations on cases derived both ways.
 
 
-def derive_summed(spec, name: str, parts, compute: torch.dtype | None = None) -> DerivedModel:
+def derive_summed(spec, name: str, parts, compute: torch.dtype | None = None, saved: bool = False) -> DerivedModel:
     """The derived model of a tensor summed over independent parts of a case (RMSNorm's dW over
     chunks of rows at scale): each part derived on its own and their variances added, with the
     accumulation of one sum over every part's terms (Note [One long sum]). ``parts``: (args,
@@ -166,7 +172,7 @@ def derive_summed(spec, name: str, parts, compute: torch.dtype | None = None) ->
     own = 0.0  # the parts' own accumulations, taken out of variance and order
     count, generic, joinable = 0, {}, True
     for args, upstream in parts:
-        part = derive(spec, args, upstream, compute, records=True)
+        part = derive(spec, args, upstream, compute, records=True, saved=saved)
         t, v, o, f = part.truth[name], part.variance[name], part.order_variance[name], part.fast_variance[name]
         record = part.accumulated.get(name)
         if record is not None:
@@ -195,17 +201,18 @@ def _nominal_dtype(spec, name: str, args: dict) -> torch.dtype:
     return args[name[1:]].dtype
 
 
-def reordered(spec, args: dict, upstream: dict, compute: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def reordered(spec, args: dict, upstream: dict, compute: torch.dtype | None = None,
+              saved: bool = False) -> dict[str, torch.Tensor]:
     """The reference in another valid order (shadow.py's nearest mode), in its nominal dtypes."""
-    tensors, _ = shadow_run(spec, args, upstream, "nearest", compute)
+    tensors, _ = shadow_run(spec, args, upstream, "nearest", compute, saved=saved)
     return {name: t.value.to(t.dtype) for name, t in tensors.items()}
 
 
-def reordered_summed(spec, name: str, parts, compute: torch.dtype | None = None) -> torch.Tensor:
+def reordered_summed(spec, name: str, parts, compute: torch.dtype | None = None, saved: bool = False) -> torch.Tensor:
     """The nearest-mode value of a tensor summed over independent parts: each part's, added up."""
     total, dtype = None, None
     for args, upstream in parts:
-        tensors, _ = shadow_run(spec, args, upstream, "nearest", compute)
+        tensors, _ = shadow_run(spec, args, upstream, "nearest", compute, saved=saved)
         part = tensors[name]
         total, dtype = (part.value if total is None else total + part.value), part.dtype
     return total.to(dtype)

@@ -212,6 +212,9 @@ class TensorVerdict:
     # this tensor passed only thanks to the fast maths' room.
     maths: str = "exact"
     needed_fast_maths: bool = False
+    # Whether it passed only thanks to the rounding of saved activations its implementation declares
+    # (SAVED_IN_INPUT_DTYPE; oracle/noise/saved.py, Note [Saved activations in the input dtype]).
+    needed_saved_room: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -577,7 +580,7 @@ def _nonfinite_problems(placement: _Placement, sides: _Sides) -> list[str]:
     kinds = (
         (mismatch & reference_nonfinite,
          "non-finite in k where the float64 truth is finite; HF's reference is non-finite there too: it "
-         "overflows in {dtype}, a declaration problem"),
+         "overflows or underflows in {dtype}, a declaration problem"),
         (mismatch & ~reference_nonfinite & (h_cls == 0), "non-finite in k where HF is finite"),
         (mismatch & ~reference_nonfinite & (h_cls != 0) & (k_cls == 0), "finite in k where HF is non-finite"),
         (mismatch & ~reference_nonfinite & (h_cls != 0) & (k_cls != 0),
