@@ -20,6 +20,11 @@ LONGEST_FIRST = (
     "tests/test_crash.py::test_a_crashing_case_is_named",                       # a child pytest session
     "tests/test_gate_own_op.py",                                                # a user's repository and its baseline
     "tests/test_gate.py::test_updating_a_baseline_twice",                       # the small report and its rerun
+    "tests/test_exact.py::test_the_gate_fails_a_broken_promise",                # two reports and a gate
+    "tests/test_gradient_kinds.py::test_the_suite_fails_the_sixteen_bit_sum",   # two child pytest sessions
+    "tests/test_mutate.py::test_a_run_classes_each_mutant",                     # a process per mutant
+    "tests/test_kernel_coverage.py::test_a_stored_run_renders_again",           # a report, rendered twice
+    "tests/test_kernel_coverage.py::test_pytest_names_the_kernel",              # a child pytest session
     "tests/test_models.py::test_short_training_run",
     "tests/test_report.py::test_a_crash_loses_only_its_case",
     "tests/test_report.py::test_one_extra_rounding_step",

@@ -6,6 +6,7 @@ with a float32 sum passes."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from types import SimpleNamespace
 
@@ -143,11 +144,12 @@ def test_a_sixteen_bit_row_sum_fails_only_under_a_gradient_along_the_output(dtyp
 
 
 def _suites(*impls: str) -> list[subprocess.CompletedProcess]:
-    """The generic suite on the norm as a user declares it (no one-column rows), derandomized: one
-    run per implementation, side by side."""
+    """The generic suite's differential test on the norm as a user declares it (no one-column rows),
+    derandomized, in float16 (the in-process test above has bfloat16 too): one run per implementation,
+    side by side."""
     runs = {impl: ["-q", "-p", "no:xdist", "-p", "no:cacheprovider", "--pyargs", "oracle.suite", "--op-module",
                    "tests.sixteen_bit_norm", "--impl", f"tests.sixteen_bit_norm:{impl}", "--ops", "wide_rms_norm",
-                   "-k", "matches_hf"] for impl in impls}
+                   "-k", "matches_hf and float16 and not bfloat16"] for impl in impls}
     done = module_runs("pytest", runs, timeout=600, env={**os.environ, "CI": "true"})
     return [done[impl] for impl in impls]
 
@@ -155,5 +157,5 @@ def _suites(*impls: str) -> list[subprocess.CompletedProcess]:
 def test_the_suite_fails_the_sixteen_bit_sum_and_passes_the_float32_one():
     bad, good = _suites("sixteen_bit_sum", "correct")
     assert bad.returncode == 1 and "grad_values=aligned" in bad.stdout and "FAIL dX" in bad.stdout, bad.stdout[-3000:]
-    assert "2 failed, 1 passed" in bad.stdout, bad.stdout[-2000:]  # float16 and bfloat16 fail; float32 is no bug
-    assert good.returncode == 0 and "3 passed" in good.stdout, good.stdout[-3000:]
+    assert "1 failed" in bad.stdout and not re.search(r"\d+ passed", bad.stdout), bad.stdout[-2000:]
+    assert good.returncode == 0 and "1 passed" in good.stdout, good.stdout[-3000:]
