@@ -58,8 +58,69 @@ def _digest(run) -> str:
     return h.hexdigest()
 
 
-def run_item(item: Item, impl, device) -> tuple[str, str, str | None, list[str]]:
-    """(status, the failure's first lines, the outputs' digest, the checks that failed) of one item."""
+# Note [References made once]
+#     A case's references (HF's evaluation, the float64 truth, the derived noise model, HF's other
+#     order; engine.prepare) are most of a case's time outside the kernels: 5.9 of 6.7 s for twelve
+#     stratified RMSNorm cases run by `hf` on the CPU. They depend on the case and on what the
+#     implementation is granted (its maths, its saved activations), never on its kernels, so the
+#     baseline saves each passing case's (torch.save, in the run's scratch folder) and every mutant
+#     loads it rather than making it again. A case at scale (judged on a slice, whose Prepared holds a
+#     closure) or one that cannot be saved is made each time, as before; so is one above
+#     PREPARED_BYTES, whose file would cost more disk than its making costs time.
+PREPARED_BYTES = 256 << 20
+
+
+def _prepared(spec, item: Item, impl, device, cache: Path | None):
+    """The case's references (Note [References made once]): loaded from ``cache`` where the
+    baseline saved them; made here where the baseline is to save them; else None (run_case makes
+    them, and reports what making them raised)."""
+    from oracle.cases import scale
+    from oracle.engine import prepare
+
+    if cache is None or scale.judged_on_a_slice(spec, item.case):
+        return None
+    if cache.exists():
+        try:
+            return torch.load(cache, map_location=device, weights_only=False)
+        except Exception:  # noqa: BLE001 - unreadable: make them again
+            return None
+    try:
+        return prepare(spec, item.case, device, maths=impl.maths(spec.name), saved=impl.saves_in_input_dtype(spec.name))
+    except Exception:  # noqa: BLE001 - run_case makes them again and reports the error as the case's
+        return None
+
+
+def _keep(prepared, cache: Path | None) -> None:
+    """Save a case's references for the mutants (Note [References made once]), where they can be."""
+    if cache is None or prepared is None:
+        return
+    tensors = [t for t in _tensors_in(vars(prepared))]
+    if sum(t.numel() * t.element_size() for t in tensors) > PREPARED_BYTES:
+        return
+    partial = cache.with_suffix(f".{os.getpid()}.partial")  # a mutant may keep one too, beside another
+    try:
+        torch.save(prepared, partial)
+        partial.replace(cache)
+    except Exception:  # noqa: BLE001 - a closure (a case at scale) or anything else pickle refuses
+        partial.unlink(missing_ok=True)
+
+
+def _tensors_in(value, depth: int = 0):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 4 and isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors_in(v, depth + 1)
+    elif depth < 4 and isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors_in(v, depth + 1)
+    elif depth < 4 and hasattr(value, "__dataclass_fields__"):
+        yield from _tensors_in(vars(value), depth + 1)
+
+
+def run_item(item: Item, impl, device, cache: Path | None = None) -> tuple[str, str, str | None, list[str]]:
+    """(status, the failure's first lines, the outputs' digest, the checks that failed) of one item;
+    ``cache``: where its references are kept (Note [References made once])."""
     from oracle.declare.registry import SPECS
     from oracle.engine import check_float64, run_case
 
@@ -73,10 +134,15 @@ def run_item(item: Item, impl, device) -> tuple[str, str, str | None, list[str]]
             return "fail", " ".join(str(exc).split())[:300], None, ["float64"]
         return "pass", "", None, []
     seen: dict[str, str] = {}
-    result = run_case(spec, item.case, impl, device, observe=lambda run: seen.update(digest=_digest(run)))
+    saved_before = cache is not None and cache.exists()
+    prepared = _prepared(spec, item, impl, device, cache)
+    result = run_case(spec, item.case, impl, device, observe=lambda run: seen.update(digest=_digest(run)),
+                      prepared=prepared)
     if result.status == "skipped":  # an op the implementation lacks
         return "skipped", result.error or "", None, []
     if result.passed:
+        if not saved_before:
+            _keep(prepared, cache)
         return "pass", "", seen.get("digest"), []
     checks = (["verdict"] if any(not v.passed for v in result.verdicts) else []) + \
         sorted({finding.check for finding in result.findings})
@@ -124,9 +190,14 @@ def _child(conn, kind: str, payload: dict) -> None:
         conn.close()
 
 
-def baseline_work(items: list[Item], chosen: list[int], impl: str, device, started) -> dict:
+def _kept(cache: str | None, index: int) -> Path | None:
+    return None if cache is None else Path(cache) / f"item-{index}.pt"
+
+
+def baseline_work(items: list[Item], chosen: list[int], impl: str, device, started, cache: str | None = None) -> dict:
     """The unmutated implementation on ``chosen`` items: per item its outcome, the (kernel, line)
-    pairs it ran and its time; and the kernels it launched (kernel coverage's records)."""
+    pairs it ran and its time; and the kernels it launched (kernel coverage's records). Each passing
+    item's references are kept in ``cache`` (Note [References made once])."""
     from oracle.declare.implementations import load
     from oracle.kernel_coverage import RECORDER, capture
 
@@ -136,7 +207,7 @@ def baseline_work(items: list[Item], chosen: list[int], impl: str, device, start
         started(index)
         begin = time.perf_counter()
         with capture() as lines:
-            status, message, digest, _ = run_item(items[index], loaded, device)
+            status, message, digest, _ = run_item(items[index], loaded, device, _kept(cache, index))
         answers[index] = {"status": status, "message": message, "digest": digest, "lines": sorted(lines),
                           "seconds": time.perf_counter() - begin}
     return {"items": answers, "kernels": RECORDER.to_json()}
@@ -155,13 +226,13 @@ def installed(mutant: Mutant, scratch: str):
 
 
 def mutant_work(mutant: Mutant, items: list[Item], order: list[int], impl: str, scratch: str, device,
-                started) -> Outcome:
-    """The mutant on ``order``'s items until one fails."""
+                started, cache: str | None = None) -> Outcome:
+    """The mutant on ``order``'s items until one fails, with the references the baseline kept."""
     with installed(mutant, scratch):
-        return _judged_mutant(items, order, impl, device, started)
+        return _judged_mutant(items, order, impl, device, started, cache)
 
 
-def _judged_mutant(items: list[Item], order: list[int], impl: str, device, started) -> Outcome:
+def _judged_mutant(items: list[Item], order: list[int], impl: str, device, started, cache: str | None = None) -> Outcome:
     from oracle.declare.implementations import load
 
     loaded = load(impl)
@@ -169,7 +240,7 @@ def _judged_mutant(items: list[Item], order: list[int], impl: str, device, start
     begin = time.perf_counter()
     for index in order:
         started(index)
-        status, message, digest, checks = run_item(items[index], loaded, device)
+        status, message, digest, checks = run_item(items[index], loaded, device, _kept(cache, index))
         if status != "pass":
             outcome = Outcome(status, index, message, checks=checks)
             break

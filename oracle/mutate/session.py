@@ -37,12 +37,14 @@ class Session:
         self.items = [item for op in ops for item in items_of(SPECS[op], budget, dtypes, float64)]
         self.labels = [item.label() for item in self.items]
         self.kills: Counter = Counter()  # item -> mutants it killed: the next mutants try it first
+        self.cache: str | None = None  # where the baseline keeps each case's references, during run()
 
     def baseline(self) -> tuple[dict, dict]:
         """Per item its answer (status, lines, digest, seconds), and the kernels launched."""
         chunks = [list(range(i, len(self.items), self.workers)) for i in range(min(self.workers, len(self.items)))]
         jobs = [(n, (lambda chunk=chunk: ("baseline", {"items": self.items, "chosen": chunk, "impl": self.impl,
-                                                        "op_modules": self.op_modules})), BASELINE_TIMEOUT_S)
+                                                        "op_modules": self.op_modules, "cache": self.cache})),
+                 BASELINE_TIMEOUT_S)
                 for n, chunk in enumerate(chunks)]
         answers = run_all(jobs, self.workers, self.gpu)
         items, kernels = {}, {}
@@ -73,6 +75,15 @@ class Session:
         return sorted(reached, key=lambda i: (-self.kills[i], items[i]["seconds"]))
 
     def run(self, limit: int | None, json_path: str | None, progress) -> int:
+        """The whole run, with the cases' references kept in a scratch folder from the baseline to
+        the last mutant (runner.py, Note [References made once])."""
+        self.cache = tempfile.mkdtemp(prefix="oracle-mutate-references-")
+        try:
+            return self._run(limit, json_path, progress)
+        finally:
+            shutil.rmtree(self.cache, ignore_errors=True)
+
+    def _run(self, limit: int | None, json_path: str | None, progress) -> int:
         started = time.monotonic()
         print(f"oracle.mutate: {self.impl} on {', '.join(self.ops)}: baseline of {len(self.items)} item(s) on "
               f"{self.workers} worker(s), {self.device}", file=sys.stderr, flush=True)
@@ -118,7 +129,8 @@ class Session:
 
         def make(m):
             return lambda: ("mutant", {"mutant": m, "items": self.items, "order": self.order(reach[m.number], items),
-                                       "impl": self.impl, "op_modules": self.op_modules, "scratch": scratch})
+                                       "impl": self.impl, "op_modules": self.op_modules, "scratch": scratch,
+                                       "cache": self.cache})
 
         jobs = [(m.number, make(m), 3 * seconds[m.number] + FORK_AND_IMPORT_S) for m in mutants if reach[m.number]]
         scratch = tempfile.mkdtemp(prefix="oracle-mutate-")
