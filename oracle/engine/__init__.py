@@ -735,9 +735,11 @@ def _reference_diagnosis(spec: OpSpec, prepared: Prepared, verdicts: list[Tensor
 
 
 def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device,
-             observe: Callable[[ImplRun], None] | None = None) -> CaseResult:
+             observe: Callable[[ImplRun], None] | None = None, prepared: Prepared | None = None) -> CaseResult:
     """Everything for one case; exceptions become an 'error' result carrying the traceback.
-    ``observe`` sees the implementation's outputs and gradients (mutation testing compares bits)."""
+    ``observe`` sees the implementation's outputs and gradients (mutation testing compares bits);
+    ``prepared``, the case's references made before for this implementation's grants (``prepare``
+    with its maths and saved activations), which mutation testing reuses across mutants."""
     spec = SPECS[spec] if isinstance(spec, str) else spec
     start = time.perf_counter()
     result = CaseResult(case, impl.name, "pass")
@@ -750,8 +752,9 @@ def run_case(spec: OpSpec | str, case: Case, impl: Implementation, device,
     try:
         # a case at scale waits for its GPU before its time starts (oracle/cases/scale.py)
         with scale.one_at_a_time(spec, case, device), time_limit(case.summary()):
-            prepared = prepare(spec, case, device, maths=impl.maths(spec.name),
-                               saved=impl.saves_in_input_dtype(spec.name))
+            if prepared is None:
+                prepared = prepare(spec, case, device, maths=impl.maths(spec.name),
+                                   saved=impl.saves_in_input_dtype(spec.name))
             run = run_impl(spec, case, impl, prepared, device)
             if observe is not None:
                 observe(run)
