@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -27,6 +29,7 @@ KERNEL = textwrap.dedent('''\
         for start in range(0, n, BLOCK):
             acc += x
         r = tl.rsqrt(tl.sum(x * x, axis=0) + eps)
+        g = (x * r).to(COMPUTE).to(tl.float32)
         tl.atomic_add(DW + offsets, x * r, mask=mask)
         tl.store(Y + offsets * stride_y, -x * r + acc, mask=mask)
 
@@ -53,6 +56,9 @@ def test_each_operator_makes_its_bug_class(mutants):
     assert "tl.load(X + offsets * stride_x, mask=mask, other=1.0)" in _made(mutants, "other_changed")
     assert "n // block" in _made(mutants, "last_block_skipped")  # in the host code that launches it
     assert "tl.load(X + offsets * stride_x, mask=mask, other=0.0)" in _made(mutants, "upcast_removed")
+    # an operand that loses its call keeps its parentheses: (x * r).to(tl.float32), not x * r.to(tl.float32)
+    [inner] = [m for m in mutants if m.operator == "upcast_removed" and m.original == "(x * r).to(COMPUTE)"]
+    assert "    g = (x * r).to(tl.float32)\n" in inner.source()
     assert "tl.sum((x * x).to(X.dtype.element_ty), axis=0)" in _made(mutants, "sum_narrowed")
     assert "tl.zeros((BLOCK,), dtype=X.dtype.element_ty)" in _made(mutants, "sum_narrowed")
     assert {"stride_y", "stride_x"} <= _made(mutants, "stride_swapped")
@@ -193,3 +199,114 @@ def test_the_gate_judges_the_survivors(tmp_path):
         assert run.returncode == 2 and "oracle.mutate: --baseline: " in run.stderr and needle in run.stderr, \
             (name, run.stderr)
         assert "baseline of" not in run.stderr, (name, run.stderr)  # refused before the suite's baseline ran
+
+
+# --- kills on the built-in kernels: each mutant fails a case of the CI profile the unmutated kernel passes
+
+def _kernel_mutants(op: str, picks: list[tuple[str, str, str]], wanted: dict) -> tuple[dict, dict]:
+    """The kernels' mutants ``picks`` (function, text of the line, operator) of ``op``'s kernel file,
+    each run by oracle.mutate's runner on the CI profile's items ``wanted`` keeps (_wanted), and the
+    unmutated kernels on them: (item label -> the unmutated status, pick -> (status, checks)). In a
+    process of its own, as oracle.mutate runs: a process that imported the kernels (as pytest's may
+    have) keeps their first registration of each custom op, and a mutant's would not replace it."""
+    code = ("import json, sys; from test_mutate import _judged_here; "
+            "print(json.dumps(_judged_here(*json.loads(sys.argv[1]))))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps([op, picks, wanted])], capture_output=True,
+                          text=True, cwd=ROOT / "tests", env=env, timeout=900)  # its conftest, not the root one
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    statuses, outcomes = json.loads(proc.stdout.strip().splitlines()[-1])
+    return statuses, {tuple(pick): tuple(outcome) for pick, outcome in outcomes}
+
+
+def _wanted(case, wanted: dict) -> bool:
+    """Whether a case has ``wanted``'s dtype and variant (where given) and one of its ``dims``
+    (each a dict of some of the case's dims)."""
+    return all(getattr(case, field) == wanted[field] for field in ("dtype", "variant") if field in wanted) and \
+        any(all(case.dims.get(k) == v for k, v in dims.items()) for dims in wanted["dims"])
+
+
+def _judged_here(op: str, picks: list, wanted: dict) -> tuple[dict, list]:
+    import tempfile
+
+    from oracle import interpreter
+
+    interpreter.choose_backend()
+    from oracle.declare.registry import SPECS
+    from oracle.engine.devices import case_budget, native_gpu
+    from oracle.mutate.cases import items_of
+    from oracle.mutate.runner import run_all
+
+    file = ROOT / "kernels" / f"{op}.py"
+    lines = file.read_text().splitlines()
+    items = [item for item in items_of(SPECS[op], case_budget(), float64=False) if _wanted(item.case, wanted)]
+    assert items, "no item of the CI profile is the one wanted"
+    everything = list(range(len(items)))
+    found = {}
+    for function, text, operator in picks:
+        [found[(function, text, operator)]] = [
+            m for m in mutants_of(str(file), f"kernels.{op}") if m.function == function
+            and m.operator == operator and text in lines[m.line - 1]]
+    scratch = tempfile.mkdtemp(prefix="oracle-mutate-test-")
+    jobs = [(pick, (lambda m=m: ("mutant", {"mutant": m, "items": items, "order": everything, "impl": "kernels",
+                                             "op_modules": [], "scratch": scratch})), 900) for pick, m in found.items()]
+    jobs.append(("unmutated", lambda: ("baseline", {"items": items, "chosen": everything, "impl": "kernels",
+                                                    "op_modules": []}), 900))
+    answers = run_all(jobs, 2, native_gpu())
+    unmutated = answers.pop("unmutated")
+    assert isinstance(unmutated, dict), unmutated
+    return ({items[i].label(): a["status"] for i, a in unmutated["items"].items()},
+            [(list(pick), (outcome.status, outcome.checks)) for pick, outcome in answers.items()])
+
+
+def test_reads_past_a_tensor_fail_the_verdict():
+    """Note [NaN margins]: a load past a tensor's end reads NaN. RMSNorm's backward reading each
+    row's inv_var unmasked (the lanes past the last row, multiplied by a masked 0) and its row-dot
+    kernel reading one column past each row (into a sum of 65535 terms) passed every verdict with
+    a finite sentinel; they fail now, on a pinned case and on the widest one, which the unmutated
+    kernels pass."""
+    statuses, outcomes = _kernel_mutants("rms_norm", [
+        ("_rms_norm_backward_kernel", "tl.load(inv_var_ptr + rows, mask=row_mask", "mask_dropped"),
+        ("_rms_norm_row_dot_kernel", "mask = cols < n_cols", "mask_off_by_one"),
+    ], {"dtype": "float32", "variant": "llama", "dims": [{"lead": [2, 33], "cols": 1}, {"cols": 65535}]})
+    assert set(statuses.values()) == {"pass"} and len(statuses) == 2, statuses
+    for pick, (status, checks) in outcomes.items():
+        assert status == "fail" and "verdict" in checks, (pick, status, checks)
+
+
+def test_every_variant_runs_the_widest_rows():
+    """The widest stratified case turns its variant with the dtype, so Gemma's split backward runs
+    too (its row-dot kernel's 1 + W was never reached): flipped to 1 - W it fails the float16 case,
+    which the unmutated kernels pass."""
+    from oracle.cases import FLOAT_DTYPES
+    from oracle.declare.registry import SPECS
+    from oracle.engine.devices import case_budget
+
+    spec = SPECS["rms_norm"]
+    widest = [c for d in FLOAT_DTYPES for c in spec.stratified(d, case_budget()) if c.dims.get("cols") == 65535]
+    assert {c.variant for c in widest} == set(spec.variants), [c.summary() for c in widest]
+    statuses, outcomes = _kernel_mutants("rms_norm", [("_rms_norm_row_dot_kernel", "w = 1.0 + w", "sign_changed")],
+                                         {"variant": "gemma", "dims": [{"cols": 65535}]})
+    assert set(statuses.values()) == {"pass"} and statuses, statuses
+    [(status, checks)] = outcomes.values()
+    assert status == "fail" and "verdict" in checks, (status, checks)
+
+
+def test_nan_margins_still_show_writes():
+    """Note [NaN margins]: a float margin reads as NaN, yet a write there is still seen, be it the
+    NaN arithmetic makes or another buffer's margin value carried over (its payload differs), also
+    through a change of width; an integer tensor keeps its byte sentinel."""
+    import torch
+
+    from oracle.checks.memory import GuardedTensor
+
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        x, y = (GuardedTensor((2, 3), dtype, "cpu", label=name) for name in ("X", "Y"))
+        assert x.buffer[:x.start].isnan().all() and not x.corruption()
+        y.buffer[0] = float("nan")
+        y.buffer[1] = x.buffer[0]
+        y.buffer[2] = x.buffer[0].double() if dtype != torch.float64 else x.buffer[0].float()
+        assert [hit["position"] for hit in y.corruption()] == [-y.start, 1 - y.start, 2 - y.start], dtype
+    ints = GuardedTensor((2, 3), torch.int32, "cpu", label="positions")
+    assert (ints.buffer[:ints.start].view(torch.uint8) == 0xA5).all()

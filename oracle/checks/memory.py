@@ -12,23 +12,52 @@ where the hardware reports wilder accesses as illegal addresses).
 Allocations the implementation makes itself (``torch.empty`` and friends, called from Python) are
 re-homed into guarded buffers too, with their elements poisoned with NaN, so an output element the
 kernel never writes reads as NaN instead of yesterday's memory (``rehomed_allocations``).
+
+Note [NaN margins]
+    A floating-point buffer's margins (and a strided view's gaps) hold a quiet NaN, so that a read
+    outside the tensor is seen too: whatever it feeds becomes NaN, and the verdict fails it. A
+    finite sentinel hid such reads: one element read past a row into a sum of 65535 terms (a column
+    mask off by one), or a row's statistic read past its end and multiplied by a masked lane's 0,
+    changes nothing a verdict can see (mutation testing found both). Writes stay visible because
+    the margins are compared bit for bit: each buffer's NaN has its own payload, and never the
+    payload 0 of the NaN that arithmetic and torch produce, so a NaN written there, or a margin's
+    value carried into another buffer's margin, changes bits. The payloads are chosen so that a
+    conversion between float widths cannot turn one buffer's into another's: a float16 or bfloat16
+    payload widened to float32 has its low 13 bits 0, which no float32 margin has (likewise float32
+    widened to float64, low 29 bits), and a narrowing keeps only a payload's top bits, 0 in every
+    margin. Other dtypes (integers, bool, 8-bit and complex floats) keep a byte sentinel.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-SENTINEL_BYTE = 0xA5  # every margin byte; 0xA5A5 is a finite bf16/fp16 value, so NaN writes show as changes
+SENTINEL_BYTE = 0xA5  # every margin byte of a buffer whose dtype has no NaN margin (Note [NaN margins])
+# dtype -> (the quiet NaN with payload 0, as an integer of its width; how many low payload bits vary)
+_NAN_MARGINS = {torch.float16: (0x7E00, 9), torch.bfloat16: (0x7FC0, 6), torch.float32: (0x7FC00000, 13),
+                torch.float64: (0x7FF8000000000000, 29)}
 MARGIN_BYTES = 256  # the least margin on each side
 MARGIN_CAP_BYTES = 64 << 20  # the most
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def margin_fill(buffer: torch.Tensor, label: str) -> None:
+    """Fill a guarded buffer with its margins' value: a NaN whose payload (1 or more) depends on the
+    buffer's label, for the float dtypes of Note [NaN margins]; else SENTINEL_BYTE in every byte."""
+    if buffer.dtype not in _NAN_MARGINS:
+        buffer.view(torch.uint8).fill_(SENTINEL_BYTE)
+        return
+    quiet, width = _NAN_MARGINS[buffer.dtype]
+    payload = 1 + zlib.crc32(label.encode()) % ((1 << width) - 1)
+    buffer.view(_INT_VIEW[buffer.element_size()]).fill_(quiet | payload)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -78,7 +107,7 @@ class GuardedTensor:
     """A view into a sentinel-filled buffer; ``corruption()`` reports writes outside the view."""
 
     def __init__(self, shape, dtype: torch.dtype, device, layout: Layout = CONTIGUOUS, fill_nan: bool = False,
-                 label: str = ""):
+                 label: str = "", serial: int = 0):
         self.label = label
         shape = tuple(shape)
         strides = layout.strides(shape)
@@ -90,7 +119,7 @@ class GuardedTensor:
         margin = max(1, -(-wide // MARGIN_BYTES) * MARGIN_BYTES // itemsize)
         self.start = margin + layout.offset
         self.buffer = torch.empty(self.start + span + margin, dtype=dtype, device=device)
-        self.buffer.view(torch.uint8).fill_(SENTINEL_BYTE)
+        margin_fill(self.buffer, f"{label}#{serial}")  # serial: buffers of one label get other payloads
         self.tensor = self.buffer.as_strided(shape, strides, self.start)
         if fill_nan and dtype.is_floating_point:
             self.tensor.fill_(float("nan"))
@@ -139,7 +168,7 @@ class _RehomeAllocations(TorchFunctionMode):
         if layout is None:
             return result
         home = GuardedTensor(result.shape, result.dtype, result.device, layout, fill_nan=True,
-                             label=f"{getattr(func, '__name__', func)}{tuple(result.shape)}")
+                             label=f"{getattr(func, '__name__', func)}{tuple(result.shape)}", serial=len(self.allocations))
         self.allocations.append(home)
         return home.tensor.requires_grad_(result.requires_grad)
 

@@ -315,7 +315,8 @@ def _stratified(op, dtype: str, budget: Budget) -> list[Case]:
     (cases.spread_grad_kinds), a row of normal values for each kind left; every other case long.
     Variants cycle (a, b, b, a) and params' choices change every second case (0, 0, 1, 1, ...), so
     that each of two choices meets each of two variants, short and long (a float32 weight with
-    Llama's cast)."""
+    Llama's cast). The widest cases' variant turns with the dtype (float32 a, float16 b, bfloat16 a),
+    so that each variant's wide path runs in some dtype (Gemma's split backward was never launched)."""
     names = tuple(op.variants)
     cycle = tuple(names[i % len(names)] for i in (0, 1, 1, 0)) if len(names) > 1 else names
     layouts = LAYOUTS if op.layout_tensors() else ("contiguous",)
@@ -332,8 +333,9 @@ def _stratified(op, dtype: str, budget: Budget) -> list[Case]:
         out.append(Case(op.name, variant, dtype, sizes, layout, values, params, seed=1000 + i, grad_layout=grad_layout,
                         grad_values=grad_values))
     widest = max((_largest(op, c.dims) for c in out), default=0)
+    turn = FLOAT_DTYPES.index(dtype) if dtype in FLOAT_DTYPES else 0
     for j, sizes in enumerate(s for s in _widest(op, budget) if _largest(op, s) > widest):
-        variant = cycle[j % len(cycle)]
+        variant = names[(j + turn) % len(names)]
         out.append(Case(op.name, variant, dtype, sizes, "contiguous", "normal",
                         params_of(op, variant, lambda name, choices: choices[0]), seed=1000 + len(rows) + j))
     return out

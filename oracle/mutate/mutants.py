@@ -5,9 +5,10 @@ other character as it was, so that a mutant's diff is one line and the other lin
 from __future__ import annotations
 
 import ast
+import copy
 import difflib
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from oracle.kernel_coverage.source import display_path
@@ -147,14 +148,38 @@ def mutants_of(file: str, module: str, kernels: set[str] | None = None, first: i
             if original is None or new == original or new == ast.unparse(node) or key in seen:
                 continue
             seen.add(key)
+            statement = _statement_of(node, parents)
             mutant = Mutant(first + len(found), operator.name, file, module, function.name, function.lineno, node.lineno,
-                            _statement_of(node, parents).lineno, jit, start, end, original, new)
+                            statement.lineno, jit, start, end, original, new)
+            if not isinstance(replacement, str) and not _reads_as_meant(mutant, statement, node, replacement):
+                mutant = replace(mutant, replacement=f"({new})")  # `(a * b).to(t).to(c)` less its first .to
             try:
                 ast.parse(mutant.source())
             except SyntaxError:
                 continue
             found.append(mutant)
     return found
+
+
+def _reads_as_meant(mutant: Mutant, statement: ast.stmt, node: ast.AST, replacement: ast.AST) -> bool:
+    """Whether the mutant's text parses as its statement with ``node`` replaced: an expression
+    put where its neighbours bind tighter (``.to(c)`` after ``a * b``) needs parentheses."""
+    try:
+        edited = ast.parse(mutant.source())
+    except SyntaxError:
+        return True  # refused by the caller
+    meant = copy.deepcopy(statement)
+    position = next(i for i, n in enumerate(ast.walk(statement)) if n is node)
+    target = list(ast.walk(meant))[position]
+    for parent in ast.walk(meant):
+        for field, value in ast.iter_fields(parent):
+            if value is target:
+                setattr(parent, field, replacement)
+            elif isinstance(value, list):
+                value[:] = [replacement if item is target else item for item in value]
+    now = next((n for n in ast.walk(edited) if isinstance(n, ast.stmt) and n.lineno == statement.lineno
+                and type(n) is type(statement)), None)
+    return now is not None and ast.dump(now) == ast.dump(meant)
 
 
 def mutants_of_kernels(kernels: list[dict]) -> list[Mutant]:
