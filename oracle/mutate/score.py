@@ -65,7 +65,12 @@ def not_reached_why(mutant: Mutant, specialisations: list[str] | None, known: fr
 
 
 def judged(mutant: Mutant, reached: list[int], outcome: Outcome | None, baseline: dict, labels: list[str],
-           specialisations: list[str] | None, known: frozenset[str] = frozenset()) -> Judged:
+           specialisations: list[str] | None, known: frozenset[str] = frozenset(),
+           shadowed: tuple[int, int] | None = None) -> Judged:
+    if shadowed is not None:  # runner.py, Note [A definition the module does not use]
+        return Judged(mutant, NOT_REACHED, 0, None,
+                      f"this definition of {mutant.function} is not the one its module uses here: the one at lines "
+                      f"{shadowed[0]}-{shadowed[1]} is (a branch taken at import)")
     if not reached:
         return Judged(mutant, NOT_REACHED, 0, None, not_reached_why(mutant, specialisations, known))
     if outcome is None:

@@ -38,6 +38,7 @@ class Session:
         self.labels = [item.label() for item in self.items]
         self.kills: Counter = Counter()  # item -> mutants it killed: the next mutants try it first
         self.cache: str | None = None  # where the baseline keeps each case's references, during run()
+        self.live: dict = {}  # per kernel file, the lines of the definition each name holds (runner.live_definitions)
 
     def baseline(self) -> tuple[dict, dict]:
         """Per item its answer (status, lines, digest, seconds), and the kernels launched."""
@@ -48,18 +49,28 @@ class Session:
                 for n, chunk in enumerate(chunks)]
         answers = run_all(jobs, self.workers, self.gpu)
         items, kernels = {}, {}
+        self.live = {}
         for n, answer in answers.items():
             if isinstance(answer, Outcome):  # the unmutated implementation crashed or raised
                 where = self.labels[answer.item] if answer.item is not None else "loading it"
                 raise RuntimeError(f"the unmutated {self.impl} {answer.status} on {where}: {answer.message}")
             items.update({i: {**a, "lines": {tuple(pair) for pair in a["lines"]}} for i, a in answer["items"].items()})
             kernel_coverage.merge(kernels, answer["kernels"])
+            self.live.update(answer.get("live", {}))
         return items, kernels
+
+    def shadowed(self, mutant: Mutant) -> tuple[int, int] | None:
+        """The lines of the definition its module holds under the mutated function's name, where
+        that is another one (runner.py, Note [A definition the module does not use]); else None."""
+        span = self.live.get(mutant.file, {}).get(mutant.function)
+        return span if mutant.jit and span is not None and not span[0] <= mutant.line <= span[1] else None
 
     def reached(self, mutant: Mutant, passing: list[int], items: dict, traced: set[str], kernels: dict) -> list[int]:
         """The passing items that run the mutated statement: those of the ops whose cases launched its
         function or a kernel calling it (any kernel of its file, for host code), and where its lines
         were traced, those whose cases ran that line; none for a kernel nobody launched or called."""
+        if self.shadowed(mutant) is not None:
+            return []
         known = launched_in([r for records in kernels.values() for r in records.values()], mutant.file)
         names = {mutant.function} | jit_callers(mutant.file, known).get(mutant.function, frozenset())
         ops = {scope for scope, records in kernels.items()
@@ -146,7 +157,7 @@ class Session:
         records = [r for scope in kernels.values() for r in scope.values()]
         return [score.judged(m, reach[m.number], answers.get(m.number), items, self.labels,
                              sorted(specialisations[m.function]) if m.function in specialisations else None,
-                             launched_in(records, m.file))
+                             launched_in(records, m.file), self.shadowed(m))
                 for m in mutants]
 
     def _learning(self, show):
