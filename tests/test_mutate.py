@@ -244,10 +244,10 @@ def _judged_here(op: str, picks: list, wanted: dict) -> tuple[dict, list]:
     assert items, "no item of the CI profile is the one wanted"
     everything = list(range(len(items)))
     found = {}
-    for function, text, operator in picks:
-        [found[(function, text, operator)]] = [
+    for function, text, operator, *original in picks:  # original: the edited segment, where a line has several
+        [found[(function, text, operator, *original)]] = [
             m for m in mutants_of(str(file), f"kernels.{op}") if m.function == function
-            and m.operator == operator and text in lines[m.line - 1]]
+            and m.operator == operator and text in lines[m.line - 1] and m.original in (original or [m.original])]
     scratch = tempfile.mkdtemp(prefix="oracle-mutate-test-")
     jobs = [(pick, (lambda m=m: ("mutant", {"mutant": m, "items": items, "order": everything, "impl": "kernels",
                                              "op_modules": [], "scratch": scratch})), 900) for pick, m in found.items()]
@@ -276,9 +276,10 @@ def test_reads_past_a_tensor_fail_the_verdict():
 
 
 def test_every_variant_runs_the_widest_rows():
-    """The widest stratified case turns its variant with the dtype, so Gemma's split backward runs
-    too (its row-dot kernel's 1 + W was never reached): flipped to 1 - W it fails the float16 case,
-    which the unmutated kernels pass."""
+    """The widest stratified case turns its variant and params with the dtype, so Gemma's split
+    backward runs too (its row-dot kernel's 1 + W was never reached), and the looped forward meets a
+    dominating eps: 1 - W, and the looped forward's eps dropped, fail the float16 case, which the
+    unmutated kernels pass."""
     from oracle.cases import FLOAT_DTYPES
     from oracle.declare.registry import SPECS
     from oracle.engine.devices import case_budget
@@ -286,11 +287,14 @@ def test_every_variant_runs_the_widest_rows():
     spec = SPECS["rms_norm"]
     widest = [c for d in FLOAT_DTYPES for c in spec.stratified(d, case_budget()) if c.dims.get("cols") == 65535]
     assert {c.variant for c in widest} == set(spec.variants), [c.summary() for c in widest]
-    statuses, outcomes = _kernel_mutants("rms_norm", [("_rms_norm_row_dot_kernel", "w = 1.0 + w", "sign_changed")],
-                                         {"variant": "gemma", "dims": [{"cols": 65535}]})
+    assert {c.params["eps"] for c in widest} == {1e-6, 0.1, 1e-12}, [c.summary() for c in widest]
+    statuses, outcomes = _kernel_mutants("rms_norm", [
+        ("_rms_norm_row_dot_kernel", "w = 1.0 + w", "sign_changed"),
+        ("_rms_norm_forward_looped_kernel", "eps_hi, eps_lo, COMPUTE)", "eps_moved", "eps_hi"),
+    ], {"variant": "gemma", "dims": [{"cols": 65535}]})
     assert set(statuses.values()) == {"pass"} and statuses, statuses
-    [(status, checks)] = outcomes.values()
-    assert status == "fail" and "verdict" in checks, (status, checks)
+    for pick, (status, checks) in outcomes.items():
+        assert status == "fail" and "verdict" in checks, (pick, status, checks)
 
 
 def test_nan_margins_still_show_writes():

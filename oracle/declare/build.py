@@ -315,8 +315,10 @@ def _stratified(op, dtype: str, budget: Budget) -> list[Case]:
     (cases.spread_grad_kinds), a row of normal values for each kind left; every other case long.
     Variants cycle (a, b, b, a) and params' choices change every second case (0, 0, 1, 1, ...), so
     that each of two choices meets each of two variants, short and long (a float32 weight with
-    Llama's cast). The widest cases' variant turns with the dtype (float32 a, float16 b, bfloat16 a),
-    so that each variant's wide path runs in some dtype (Gemma's split backward was never launched)."""
+    Llama's cast). The widest cases turn with the dtype: their variant (float32 a, float16 b,
+    bfloat16 a) and their params (float32 the first choices, float16 the last, bfloat16 the ones
+    before), so that each variant's wide path runs in some dtype (Gemma's split backward was never
+    launched) and there meets other params (a dominating eps: one dropped passed every verdict)."""
     names = tuple(op.variants)
     cycle = tuple(names[i % len(names)] for i in (0, 1, 1, 0)) if len(names) > 1 else names
     layouts = LAYOUTS if op.layout_tensors() else ("contiguous",)
@@ -337,7 +339,8 @@ def _stratified(op, dtype: str, budget: Budget) -> list[Case]:
     for j, sizes in enumerate(s for s in _widest(op, budget) if _largest(op, s) > widest):
         variant = names[(j + turn) % len(names)]
         out.append(Case(op.name, variant, dtype, sizes, "contiguous", "normal",
-                        params_of(op, variant, lambda name, choices: choices[0]), seed=1000 + len(rows) + j))
+                        params_of(op, variant, lambda name, choices: choices[-(j + turn) % len(choices)]),
+                        seed=1000 + len(rows) + j))
     return out
 
 
