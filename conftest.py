@@ -12,7 +12,10 @@ pytest_plugins = ["oracle.pytest_plugin"]
 #     Consumers of one shared fixture (a fresh venv, a small report) sit next to each other, so
 #     that the worker that builds it runs them rather than others waiting on its lock. Where the
 #     consumers are many short tests (the docs' pages, all reading one probe), only one goes early:
-#     all of them early left seven workers waiting 27 s each on the probe's lock on the H200.
+#     all of them early left seven workers waiting 27 s each on the probe's lock on the H200. Tests
+#     that start processes of their own (reports, child sessions, mutants) are not all put first:
+#     sixteen of them at once oversubscribe the H200's 16 cores (with five more of them first, the
+#     suite took 207 s where it had taken 176 s, each of them up to three times as long).
 LONGEST_FIRST = (
     "tests/test_declared_project.py::test_compile_of_every_reference_passes",  # CPU: Inductor, in a fresh venv
     "tests/test_packaging.py::test_an_author_runs_the_suite",                   # the same venv
@@ -20,11 +23,6 @@ LONGEST_FIRST = (
     "tests/test_crash.py::test_a_crashing_case_is_named",                       # a child pytest session
     "tests/test_gate_own_op.py",                                                # a user's repository and its baseline
     "tests/test_gate.py::test_updating_a_baseline_twice",                       # the small report and its rerun
-    "tests/test_exact.py::test_the_gate_fails_a_broken_promise",                # two reports and a gate
-    "tests/test_gradient_kinds.py::test_the_suite_fails_the_sixteen_bit_sum",   # two child pytest sessions
-    "tests/test_mutate.py::test_a_run_classes_each_mutant",                     # a process per mutant
-    "tests/test_kernel_coverage.py::test_a_stored_run_renders_again",           # a report, rendered twice
-    "tests/test_kernel_coverage.py::test_pytest_names_the_kernel",              # a child pytest session
     "tests/test_models.py::test_short_training_run",
     "tests/test_report.py::test_a_crash_loses_only_its_case",
     "tests/test_report.py::test_one_extra_rounding_step",
@@ -41,6 +39,11 @@ LONGEST_FIRST = (
     "tests/test_declared_project.py",
     "tests/test_models.py::test_patched_model_matches_unpatched",
     "tests/test_runtime.py::test_an_explicit_choice",
+    "tests/test_exact.py::test_the_gate_fails_a_broken_promise",                # two reports and a gate
+    "tests/test_gradient_kinds.py::test_the_suite_fails_the_sixteen_bit_sum",   # two child pytest sessions
+    "tests/test_mutate.py::test_a_run_classes_each_mutant",                     # a process per mutant
+    "tests/test_kernel_coverage.py::test_a_stored_run_renders_again",           # a report, rendered twice
+    "tests/test_kernel_coverage.py::test_pytest_names_the_kernel",              # a child pytest session
     "tests/test_ops.py::test_matches_hf",
     "tests/test_runner.py",
     "tests/test_engine.py::test_repro_command",
