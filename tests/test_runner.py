@@ -23,20 +23,44 @@ def _pytest(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
-@pytest.mark.parametrize("impl, says, workers", [
-    ("mypkg.typo:ops", ["cannot import 'mypkg.typo': No module named 'mypkg'"], []),
-    ("tests.broken_impls:misnamed_rms_norm", ["lacks ", "rms_norm,", "swiglu,", "'rmsnorm' is not 'rms_norm'"], []),
-    ("tests.broken_impls:only_swiglu", ["lacks ", "rms_norm,", "rope,", "swiglu_fg_kernel,"], []),
+CANNOT_ANSWER = {
+    "mypkg.typo:ops": ["cannot import 'mypkg.typo': No module named 'mypkg'"],
+    "tests.broken_impls:misnamed_rms_norm": ["lacks ", "rms_norm,", "swiglu,", "'rmsnorm' is not 'rms_norm'"],
+    "tests.broken_impls:only_swiglu": ["lacks ", "rms_norm,", "rope,", "swiglu_fg_kernel,"],
+    "nonsense": ["unknown implementation 'nonsense'"],
+}
+
+
+@pytest.mark.parametrize("impl, workers", [
+    ("mypkg.typo:ops", []),
     # under xdist the controller loads the implementation while its workers start (pytest_plugin.py,
     # Note [The controller settles beside its workers]): the session still ends before any test
-    ("nonsense", ["unknown implementation 'nonsense'"], ["-n", "2"]),
+    ("nonsense", ["-n", "2"]),
 ])
-def test_an_implementation_that_cannot_answer_fails_the_session(impl, says, workers):
+def test_an_implementation_that_cannot_answer_fails_the_session(impl, workers):
+    """End to end, one session per path a refusal takes (pytest_configure, and xdist's controller at
+    session start); every refusal's words are the test below, in-process."""
     proc = _pytest("tests/test_ops.py", "--impl", impl, *workers)
     out = proc.stdout + proc.stderr
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out
-    assert f"--impl {impl}: " in out and all(part in out for part in says), out
+    assert f"--impl {impl}: " in out and all(part in out for part in CANNOT_ANSWER[impl]), out
     assert "passed" not in out and "skipped" not in out, out
+
+
+@pytest.mark.parametrize("impl", CANNOT_ANSWER)
+def test_an_implementation_that_cannot_answer_is_a_usage_error_naming_why(impl):
+    """What the plugin settles before the session (oracle/pytest_plugin.py, _settle): the usage error
+    that the test above sees end the session, here without a session of its own (seconds each)."""
+    from types import SimpleNamespace
+
+    from oracle import pytest_plugin
+
+    options = {"--ops": None, "--op-module": []}
+    config = SimpleNamespace(oracle_impl_name=impl, getoption=options.__getitem__, getini=lambda name: [])
+    with pytest.raises(pytest.UsageError) as refused:
+        pytest_plugin._settle(config)
+    said = str(refused.value)
+    assert said.startswith(f"--impl {impl}: ") and all(part in said for part in CANNOT_ANSWER[impl]), said
 
 
 def test_an_unknown_noise_model_fails_the_session():
