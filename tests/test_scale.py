@@ -250,11 +250,12 @@ def test_the_bf16_partials_bug_exists_only_past_its_row_count(device):
 
 
 @pytest.mark.skipif(native_gpu(), reason="on a GPU --scale runs the scale grid (tested with --scale)")
-def test_scale_without_a_gpu_is_a_usage_error():
-    proc = subprocess.run([sys.executable, "-m", "oracle.report", "--scale", "--ops", "rms_norm"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "--scale needs a CUDA GPU" in proc.stdout
+def test_scale_without_a_gpu_is_a_usage_error(report_main_before_sweep, tmp_path):
+    """The command's ``main`` in-process (its exit status is what ``python -m`` exits with), before any sweep."""
+    code, out, err = report_main_before_sweep("--scale", "--ops", "rms_norm", "--json", tmp_path / "run.json",
+                                              "--html", tmp_path / "run.html")
+    assert code == 2, out + err
+    assert "--scale needs a CUDA GPU" in out
 
 
 def test_pytest_deselects_the_scale_grid_unless_asked():
