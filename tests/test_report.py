@@ -1,14 +1,13 @@
 """``python -m oracle.report``: its outputs, the gate's exit codes, atomic baselines, crash isolation.
 
-Each test runs the real command on a slice of the grid (--ops/--dtypes) to stay quick.
+Each test runs the real command on a slice of the grid (--ops/--dtypes) to stay quick: its ``main``
+in-process, whose workers are processes as always.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +18,11 @@ from oracle.report.results import SCHEMA
 SLICE = ["--ops", "rms_norm", "--dtypes", "float32", "--variants", "llama", "--no-checks", "--workers", "2"]
 
 
-def report(tmp_path: Path, *args: str, name: str = "run") -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "oracle.report", "--json", str(tmp_path / f"{name}.json"),
-               "--html", str(tmp_path / f"{name}.html"), *args]
-    return subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parent.parent, timeout=900)
+@pytest.fixture
+def report(report_main, tmp_path):
+    """The command's ``main`` in-process, writing run.json and run.html in the test's folder: its
+    workers are processes all the same (a crash kills one), and the parent's start-up is saved."""
+    return lambda *args: report_main("--json", tmp_path / "run.json", "--html", tmp_path / "run.html", *args)
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +92,11 @@ def test_unchanged_kernels_pass_the_gate(small_rerun, baseline):
         f"gate: {cells} cells judged, 0 regressions; 0 baseline cells not judged; 0 new cells"
 
 
-def test_one_extra_rounding_step_fails_the_gate_and_shows_where(tmp_path, baseline):
-    proc = report(tmp_path, *SLICE, "--workers", "1", "--gate", "--baseline", str(baseline), "--impl",
-                  "tests.broken_impls:extra_rounding")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "regression(s) against the baseline" in proc.stdout
+def test_one_extra_rounding_step_fails_the_gate_and_shows_where(tmp_path, baseline, report):
+    code, out, err = report(*SLICE, "--workers", "1", "--gate", "--baseline", str(baseline), "--impl",
+                            "tests.broken_impls:extra_rounding")
+    assert code == 1, out + err
+    assert "regression(s) against the baseline" in out
     document = json.loads((tmp_path / "run.json").read_text())
     regressed = {d["key"] for d in document["baseline"]["deltas"] if d["regression"]}
     # Y is rounded through bf16, and so is the gradient flowing back through that cast.
@@ -128,10 +128,10 @@ def test_gate_usage_errors_exit_2(tmp_path, baseline, main_before_sweep):
     assert not (tmp_path / "run.json").exists()  # refused before the sweep, nothing written
 
 
-def test_a_crash_loses_only_its_case(tmp_path):
+def test_a_crash_loses_only_its_case(tmp_path, report):
     """One worker: its death and replacement are the crash's whole cost, and the cases after it run."""
-    proc = report(tmp_path, *SLICE, "--workers", "1", "--impl", "tests.broken_impls:crashes_on_the_widest_rows")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, out, err = report(*SLICE, "--workers", "1", "--impl", "tests.broken_impls:crashes_on_the_widest_rows")
+    assert code == 0, out + err
     document = json.loads((tmp_path / "run.json").read_text())
     statuses = [c["status"] for c in document["cases"]]
     wide = [c for c in document["cases"] if c["case"]["dims"]["cols"] > 4097]
@@ -155,20 +155,27 @@ def test_baseline_writes_are_atomic(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["baseline.json"]  # no half-written temporary left behind
 
 
-def test_ops_an_implementation_declares_lacking_are_listed_not_swept(tmp_path, main_before_sweep):
+def test_ops_an_implementation_declares_lacking_are_listed_not_swept(tmp_path, report, monkeypatch):
     """As in pytest: a declared lack is named with its reason, never swept (it used to fill the
     table with 0/N rows and the aliasing checks with "'NoneType' object is not callable"); asking
     for it with --ops is a usage error."""
+    from oracle.report import __main__ as command
+
     partial = "tests.broken_impls:declares_what_it_lacks"  # rope only
-    proc = report(tmp_path, "--impl", partial, "--dtypes", "float32", "--variants", "plain", "--workers", "1")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, out, err = report("--impl", partial, "--dtypes", "float32", "--variants", "plain", "--workers", "1")
+    assert code == 0, out + err
     document = json.loads((tmp_path / "run.json").read_text())
     assert {c["op"] for c in document["cells"]} == {"rope"} and {c["op"] for c in document["aliasing"]} == {"rope"}
     assert all(c["status"] == "pass" for c in document["cells"]) and not document["failures"]
     assert document["not_tested"]["rms_norm"] == "not written yet"
-    assert f"not tested: rms_norm: {partial} declares it lacks it (not written yet)" in proc.stdout
+    assert f"not tested: rms_norm: {partial} declares it lacks it (not written yet)" in out
     assert "not written yet" in (tmp_path / "run.html").read_text()
-    code, out, err = main_before_sweep("--impl", partial, "--ops", "rms_norm")
+
+    def sweep_started(*args, **kwargs):
+        raise AssertionError("the sweep started")
+
+    monkeypatch.setattr(command, "sweep_now", sweep_started)  # as main_before_sweep, after the real sweep
+    code, out, err = report("--impl", partial, "--ops", "rms_norm")
     assert code == 2 and "declares it lacks rms_norm" in out, out + err
 
 
