@@ -316,9 +316,10 @@ def _stratified(op, dtype: str, budget: Budget) -> list[Case]:
     Variants cycle (a, b, b, a) and params' choices change every second case (0, 0, 1, 1, ...), so
     that each of two choices meets each of two variants, short and long (a float32 weight with
     Llama's cast). The widest cases turn with the dtype: their variant (float32 a, float16 b,
-    bfloat16 a) and their params (float32 the first choices, float16 the last, bfloat16 the ones
-    before), so that each variant's wide path runs in some dtype (Gemma's split backward was never
-    launched) and there meets other params (a dominating eps: one dropped passed every verdict)."""
+    bfloat16 a) and their kind of values (the op's first, second and third: RMSNorm's normal, large
+    and tiny), so that each variant's wide path runs in some dtype (Gemma's split backward was never
+    launched) and meets values where its roundings show (tiny ones, where eps dominates: an eps
+    dropped from the looped forward passed every verdict on normal values)."""
     names = tuple(op.variants)
     cycle = tuple(names[i % len(names)] for i in (0, 1, 1, 0)) if len(names) > 1 else names
     layouts = LAYOUTS if op.layout_tensors() else ("contiguous",)
@@ -338,9 +339,8 @@ def _stratified(op, dtype: str, budget: Budget) -> list[Case]:
     turn = FLOAT_DTYPES.index(dtype) if dtype in FLOAT_DTYPES else 0
     for j, sizes in enumerate(s for s in _widest(op, budget) if _largest(op, s) > widest):
         variant = names[(j + turn) % len(names)]
-        out.append(Case(op.name, variant, dtype, sizes, "contiguous", "normal",
-                        params_of(op, variant, lambda name, choices: choices[-(j + turn) % len(choices)]),
-                        seed=1000 + len(rows) + j))
+        out.append(Case(op.name, variant, dtype, sizes, "contiguous", op.value_kinds[(j + turn) % len(op.value_kinds)],
+                        params_of(op, variant, lambda name, choices: choices[0]), seed=1000 + len(rows) + j))
     return out
 
 
