@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -15,6 +17,8 @@ from filelock import FileLock
 ROOT = Path(__file__).parent.parent
 # The slice the small report sweeps (RMSNorm, fp32, Llama, with the aliasing checks).
 SMALL_SLICE = ("--ops", "rms_norm", "--dtypes", "float32", "--variants", "llama", "--workers", "2")
+# A benchmark that is not there: the dashboard without its performance section (see report_main).
+NO_BENCH = ROOT / "tests" / "no-such-bench.json"
 
 
 def once_per_session(tmp_path_factory, name: str, make) -> dict:
@@ -30,6 +34,25 @@ def once_per_session(tmp_path_factory, name: str, make) -> dict:
             folder.mkdir(exist_ok=True)
             stored.write_text(json.dumps(make(folder)))
     return json.loads(stored.read_text())
+
+
+def report_in_process(*args, bench: bool = True) -> subprocess.CompletedProcess:
+    """``python -m oracle.report ARGS`` as its ``main`` in this process, for a session fixture (which
+    cannot use report_main): its workers are processes as always, and the command's start-up (torch,
+    the harness) is saved. ``bench=False``: no performance section (report_main says why)."""
+    from oracle.report import __main__ as command
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        patch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # main points it into the run's folder: restored
+        # the command's default is relative to the checkout, where its process would start
+        patch.setattr(command, "DEFAULT_BENCH", ROOT / command.DEFAULT_BENCH if bench else NO_BENCH)
+        try:
+            code = command.main([str(arg) for arg in args])
+        except SystemExit as exit_:  # argparse's usage errors
+            code = exit_.code
+    return subprocess.CompletedProcess(["python", "-m", "oracle.report", *map(str, args)], code, out.getvalue(),
+                                       err.getvalue())
 
 
 def report_runs(runs: dict[str, list], timeout: int = 900) -> dict[str, subprocess.CompletedProcess]:
@@ -52,12 +75,13 @@ def module_runs(module: str, runs: dict[str, list], timeout: int = 900,
 
 @pytest.fixture(scope="session")
 def small_report(tmp_path_factory) -> dict:
-    """A real ``python -m oracle.report`` run on a slice of the grid, stored with --update-baseline;
-    ``slice`` is its arguments, for a test that repeats the run."""
+    """A real report run (its main in-process) on a slice of the grid, stored with --update-baseline;
+    ``slice`` is its arguments, for a test that repeats the run. Its dashboard is whole (the browser
+    test loads it)."""
     def make(out: Path) -> dict:
         paths = {"json": out / "drift.json", "html": out / "drift.html", "baseline": out / "baseline.json"}
-        proc = report_runs({"small": [*SMALL_SLICE, "--json", paths["json"], "--html", paths["html"],
-                                      "--update-baseline", "--baseline", paths["baseline"]]})["small"]
+        proc = report_in_process(*SMALL_SLICE, "--json", paths["json"], "--html", paths["html"],
+                                 "--update-baseline", "--baseline", paths["baseline"])
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return {name: str(path) for name, path in paths.items()} | {"stdout": proc.stdout}
 
@@ -73,8 +97,8 @@ def small_rerun(tmp_path_factory, small_report) -> dict:
     def make(out: Path) -> dict:
         paths = {"json": out / "run.json", "html": out / "run.html", "baseline": out / "baseline.json"}
         shutil.copy(small_report["baseline"], paths["baseline"])
-        proc = report_runs({"rerun": [*SMALL_SLICE, "--gate", "--update-baseline", "--baseline", paths["baseline"],
-                                      "--json", paths["json"], "--html", paths["html"]]})["rerun"]
+        proc = report_in_process(*SMALL_SLICE, "--gate", "--update-baseline", "--baseline", paths["baseline"],
+                                 "--json", paths["json"], "--html", paths["html"], bench=False)
         return {name: str(path) for name, path in paths.items()} | \
             {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
 
@@ -92,7 +116,7 @@ def report_main(monkeypatch, capsys):
     # Run from the checkout, every dashboard would draw the committed H200 benchmark (about half of a
     # render, 1-2 s, and nothing of the run in it); no test of the command reads that section, which
     # tests/test_report.py checks on html.render and tests/test_browser.py in the small report's page.
-    monkeypatch.setattr(command, "DEFAULT_BENCH", ROOT / "tests" / "no-such-bench.json")
+    monkeypatch.setattr(command, "DEFAULT_BENCH", NO_BENCH)
 
     def run(*args) -> tuple[int, str, str]:
         capsys.readouterr()  # what the test printed before is not the command's
