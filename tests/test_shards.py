@@ -3,8 +3,6 @@ unsharded run, cell for cell, and a missing shard leaves its cells not judged, n
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
@@ -12,26 +10,9 @@ import pytest
 
 from oracle.declare.registry import SPECS
 from oracle.report import shards, sweep
-from tests.conftest import ROOT, once_per_session
+from tests.conftest import once_per_session, report_in_process
 
 SLICE = ("--ops", "swiglu_fg_kernel", "--dtypes", "float32", "--workers", "1")  # 5 cases and 2 checks
-
-
-def _report(*args) -> tuple[int, str]:
-    """The report's ``main`` in this process, its workers processes as always (as tests/conftest.py's
-    report_main, which a session fixture cannot use): three ``python -m`` start-ups saved."""
-    from oracle.report import __main__ as command
-
-    output = io.StringIO()
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(output), \
-            contextlib.redirect_stderr(output):
-        patch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # main sets it: restored after
-        patch.setattr(command, "DEFAULT_BENCH", ROOT / "tests" / "no-such-bench.json")  # nothing read of it here
-        try:
-            code = command.main([str(arg) for arg in args])
-        except SystemExit as exit_:
-            code = exit_.code
-    return code, output.getvalue()
 
 
 def _runs(folder: Path) -> dict:
@@ -42,9 +23,9 @@ def _runs(folder: Path) -> dict:
                       "--baseline", whole["baseline"]]}
     runs |= {f"{k}/2": [*SLICE, "--shard", f"{k}/2", "--json", path, "--html", folder / f"shard-{k}.html"]
              for k, path in zip((1, 2), shard)}
-    for name, args in runs.items():
-        code, out = _report(*args)
-        assert code == 0, f"{name}: {out}"
+    for name, args in runs.items():  # in this process, one after another (three start-ups saved)
+        proc = report_in_process(*args, bench=False)
+        assert proc.returncode == 0, f"{name}: {proc.stdout}{proc.stderr}"
     return {"whole": {name: str(path) for name, path in whole.items()}, "sharded": list(map(str, shard))}
 
 
