@@ -44,6 +44,9 @@ LONGEST_FIRST = (
     "tests/test_mutate.py::test_a_run_classes_each_mutant",                     # a process per mutant
     "tests/test_kernel_coverage.py::test_a_stored_run_renders_again",           # a report, rendered twice
     "tests/test_kernel_coverage.py::test_pytest_names_the_kernel",              # a child pytest session
+    "tests/test_mutate.py::test_the_gate_judges_the_survivors",                 # a report, two mutation runs
+    "tests/test_mutate.py::test_every_variant_runs_the_widest_rows",            # mutants under the interpreter
+    "tests/test_mutate.py::test_reads_past_a_tensor",                           # the same
     "tests/test_ops.py::test_matches_hf",
     "tests/test_runner.py",
     "tests/test_engine.py::test_repro_command",

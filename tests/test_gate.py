@@ -8,6 +8,7 @@ it starts) or on a stored run (``--from-json``); two run the real command on a s
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import math
 import re
@@ -414,7 +415,8 @@ def test_updating_a_baseline_twice_gives_the_same_bytes(small_report, small_reru
     first, second = Path(small_report["baseline"]), Path(small_rerun["baseline"])
     assert "baseline updated:" in small_rerun["stdout"], small_rerun["stdout"]
     # byte for byte, but for the harness's commit: the checkout may have moved between the two runs
-    assert without_commit(second.read_bytes()) == without_commit(first.read_bytes())
+    a, b = without_commit(first.read_bytes()), without_commit(second.read_bytes())
+    assert a == b, "".join(list(difflib.unified_diff(a.decode().splitlines(True), b.decode().splitlines(True), n=2))[:40])
     assert not volatile_fields(json.loads(first.read_text()))
     assert "seconds" in json.loads(Path(small_rerun["json"]).read_text())  # the full report keeps its timings
 

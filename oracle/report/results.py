@@ -145,7 +145,20 @@ def baseline_view(document: dict) -> dict:
     view["cases"] = sorted(map(_without_volatile, document["cases"]), key=lambda r: _case_order(r["case"]))
     view["aliasing"] = sorted(map(_without_volatile, document["aliasing"]),
                               key=lambda c: (c["check"], *_case_order(c["case"])))
+    if "kernel_coverage" in document:
+        view["kernel_coverage"] = _coverage_without_counts(document["kernel_coverage"])
     return view
+
+
+def _coverage_without_counts(coverage: dict) -> dict:
+    """Kernel coverage with the specialisations and configs seen, not how often: on a GPU a launch is
+    recorded on each process's first launch of a signature (oracle/kernel_coverage/collect.py), so
+    the counts follow how the report's workers shared the cases, and two runs of one grid gave two
+    baselines (tests/test_gate.py's update twice, on the H200)."""
+    return {op: {key: {**record, "specialisations": sorted(record.get("specialisations", {})),
+                       "configs": sorted(record.get("configs", {}))}
+                 for key, record in kernels.items()}
+            for op, kernels in coverage.items()}
 
 
 def case_identity(case: dict) -> str:
