@@ -221,7 +221,7 @@ def _kernel_mutants(op: str, picks: list[tuple[str, str, str]], wanted: dict) ->
     budget, hence the cases and the kernels' paths, differ)."""
     code = ("import json, sys; from test_mutate import _judged_here; "
             "print(json.dumps(_judged_here(*json.loads(sys.argv[1]))))")
-    env = {**os.environ, "TRITON_INTERPRET": "1",
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",  # the CPU's cases, on its device
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", code, json.dumps([op, picks, wanted])], capture_output=True,
                           text=True, cwd=ROOT / "tests", env=env, timeout=900)  # its conftest, not the root one
