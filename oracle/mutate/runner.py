@@ -66,8 +66,10 @@ def _digest(run) -> str:
 #     baseline saves each passing case's (torch.save, in the run's scratch folder) and every mutant
 #     loads it rather than making it again. A case at scale (judged on a slice, whose Prepared holds a
 #     closure) or one that cannot be saved is made each time, as before; so is one above
-#     PREPARED_BYTES, whose file would cost more disk than its making costs time.
+#     PREPARED_BYTES, whose file would cost more disk than its making costs time, or one past
+#     KEPT_BYTES in all (a GPU machine's disk holds tens of GB; a GPU case up to 2^22 elements).
 PREPARED_BYTES = 256 << 20
+KEPT_BYTES = 8 << 30
 
 
 def _prepared(spec, item: Item, impl, device, cache: Path | None):
@@ -96,6 +98,8 @@ def _keep(prepared, cache: Path | None) -> None:
         return
     tensors = [t for t in _tensors_in(vars(prepared))]
     if sum(t.numel() * t.element_size() for t in tensors) > PREPARED_BYTES:
+        return
+    if sum(f.stat().st_size for f in cache.parent.glob("*.pt")) > KEPT_BYTES:
         return
     partial = cache.with_suffix(f".{os.getpid()}.partial")  # a mutant may keep one too, beside another
     try:
