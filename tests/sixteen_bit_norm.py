@@ -15,7 +15,8 @@ from oracle import Dim, Op, Tensor, implementation
 
 
 @triton.jit
-def _forward(X, W, Y, n, eps, GEMMA: tl.constexpr, BLOCK: tl.constexpr):
+def _forward(X, W, Y, RSTD, n, eps, GEMMA: tl.constexpr, KEEP_RSTD: tl.constexpr, BLOCK: tl.constexpr):
+    """``KEEP_RSTD``: also store each row's 1/rms in float32 (RSTD), for a backward from Y."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -27,6 +28,8 @@ def _forward(X, W, Y, n, eps, GEMMA: tl.constexpr, BLOCK: tl.constexpr):
     else:  # normed rounded to X's dtype, then times W in Y's dtype
         y = (x * rstd).to(X.dtype.element_ty).to(tl.float32) * w
     tl.store(Y + row * n + cols, y.to(Y.dtype.element_ty), mask=mask)
+    if KEEP_RSTD:
+        tl.store(RSTD + row, rstd)
 
 
 @triton.jit
@@ -55,20 +58,6 @@ def _backward(X, W, DY, DX, DW_ROWS, n, eps, GEMMA: tl.constexpr, ROW_SUM_IN_16_
 
 
 @triton.jit
-def _forward_keeping_rstd(X, W, Y, RSTD, n, eps, BLOCK: tl.constexpr):
-    """Llama's forward that also stores each row's 1/rms in float32, for a backward from Y."""
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n
-    x = tl.load(X + row * n + cols, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
-    y = (x * rstd).to(X.dtype.element_ty).to(tl.float32) * w
-    tl.store(Y + row * n + cols, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(RSTD + row, rstd)
-
-
-@triton.jit
 def _backward_from_output(Y, W, RSTD, DY, DX, DW_ROWS, n, BLOCK: tl.constexpr):
     """The memory-saving design: normed recomputed as Y / W from the stored output, not from X."""
     row = tl.program_id(0)
@@ -94,7 +83,8 @@ class _FromOutput(torch.autograd.Function):
         Y = torch.empty(x.shape, dtype=torch.promote_types(X.dtype, W.dtype), device=x.device)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
         if rows and n:
-            _forward_keeping_rstd[(rows,)](x, W.contiguous(), Y, rstd, n, eps, BLOCK=triton.next_power_of_2(n))
+            _forward[(rows,)](x, W.contiguous(), Y, rstd, n, eps, GEMMA=False, KEEP_RSTD=True,
+                              BLOCK=triton.next_power_of_2(n))
         ctx.save_for_backward(Y, W, rstd)
         ctx.shape, ctx.dtype = X.shape, X.dtype
         return Y.reshape(X.shape)
@@ -119,7 +109,8 @@ def _build(row_sum_in_16_bits: bool):
             rows, n = x.shape
             Y = torch.empty(x.shape, dtype=X.dtype if gemma else torch.promote_types(X.dtype, W.dtype), device=x.device)
             if rows and n:
-                _forward[(rows,)](x, W.contiguous(), Y, n, eps, GEMMA=gemma, BLOCK=triton.next_power_of_2(n))
+                _forward[(rows,)](x, W.contiguous(), Y, Y, n, eps, GEMMA=gemma, KEEP_RSTD=False,
+                                  BLOCK=triton.next_power_of_2(n))
             ctx.save_for_backward(x, W)
             ctx.eps, ctx.gemma, ctx.shape = eps, gemma, X.shape
             return Y.reshape(X.shape)
