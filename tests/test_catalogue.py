@@ -86,12 +86,14 @@ def _recording_results():
         suite.run_case = run_case
 
 
-def _run_suite_test(impl, op: str, dtype: str, device) -> tuple[BaseException | None, list]:
+def _run_suite_test(impl, op: str, dtype: str, device, first_failure: bool = False) -> tuple[BaseException | None, list]:
     """The generic differential test of ``op`` in ``dtype`` against ``impl``: what it raised (None if it
-    passed) and every case result it judged."""
+    passed) and every case result it judged. ``first_failure``: it stops at its first failing case
+    (hypothesis's report_multiple_bugs off), where it would otherwise run every explicit example."""
     test = _differential_test(SPECS[op], dtype)
     # Shrinking only shortens the report; the catch is what is measured here.
-    test = settings(settings(), phases=[Phase.explicit, Phase.reuse, Phase.generate])(test)
+    test = settings(settings(), phases=[Phase.explicit, Phase.reuse, Phase.generate],
+                    report_multiple_bugs=not first_failure)(test)
     with _recording_results() as results:
         try:
             test(impl=impl, device=device, asked_ops=[op])
@@ -101,12 +103,21 @@ def _run_suite_test(impl, op: str, dtype: str, device) -> tuple[BaseException | 
 
 
 def catches(impl, op: str, dtype: str, tensors: tuple[str, ...], device) -> tuple[list[str], str]:
-    """What of ``tensors`` the test's failures name (empty: not caught), and its failure text."""
-    raised, results = _run_suite_test(impl, op, dtype, device)
+    """What of ``tensors`` the test's failures name (empty: not caught), and its failure text.
+
+    The run stops at its first failing case (nearly every bug fails its first or second case, and the
+    rest cost most of the catalogue's time on a GPU, each a compile); where that failure names none of
+    ``tensors``, the whole run is made, as pytest makes it, so that a later case may still name one."""
+    raised, results = _run_suite_test(impl, op, dtype, device, first_failure=True)
+    if raised is not None and not _named(results, tensors):
+        raised, results = _run_suite_test(impl, op, dtype, device)
     if raised is None:
         return [], ""
-    named = sorted({name for result in results for name in _failures_named(result, tensors)})
-    return named, _text(raised)
+    return _named(results, tensors), _text(raised)
+
+
+def _named(results: list, tensors: tuple[str, ...]) -> list[str]:
+    return sorted({name for result in results for name in _failures_named(result, tensors)})
 
 
 def _text(exc: BaseException) -> str:
