@@ -82,7 +82,12 @@ for step in "$@"; do
       # scripts/worker_timeline.py can say where the wall time went; then a short random sample of the generic suite
       # WORKERS: xdist's worker count (default auto: one per core), to measure the suite with fewer
       # processes time-slicing the one GPU
-      CI=true timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -n ${WORKERS:-auto} -v -p no:cacheprovider \
+      # The image ships no bytecode and sets PYTHONDONTWRITEBYTECODE=1, so every process compiled torch's modules
+      # from source (5.6 s of a collection: `startup`), the child sessions and reports the tests start too. A CI
+      # machine's pip writes bytecode at install; here the run writes it, outside the image, as it goes: the
+      # workers compile what they import first, and every process after them reads it.
+      PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=/tmp/pycache CI=true timeout ${TESTS_TIMEOUT:-300} \
+        python3 -m pytest -n ${WORKERS:-auto} -v -p no:cacheprovider \
         --durations=${DURATIONS:-15} 2>&1 | python3 scripts/worker_timeline.py stamp > "$OUT/pytest-h200.log"
       echo "suite exit $?"; grep -E "(FAILED|ERROR) |^ *[0-9.]+ [0-9.]+s (call|setup|teardown) | (passed|failed).* in " \
         "$OUT/pytest-h200.log" | tail -40
