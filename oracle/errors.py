@@ -33,8 +33,8 @@ class CaseTimeout(Exception):
 
 
 class Float64Failure(AssertionError):
-    """A float64 check failed (gradcheck, or a raw kernel against HF's formula); the message has the
-    case, what failed, the repro command and the NO_FLOAT64 hint."""
+    """A float64 check failed (the forward against the truth, gradcheck, or a raw kernel against HF's
+    formula); the message has the case, what failed, the repro command and the NO_FLOAT64 hint."""
 
 
 class BaselineError(Exception):

@@ -3,7 +3,7 @@
 Every failure the tests or the report print ends with this command. Without ``--check`` it runs
 the differential comparison (with the aliasing checks that come with it); with it, one of the
 graph checks of oracle/checks/aliasing.py; with ``--float64``, the float64 check of a float64 case
-(gradcheck). Exit status: 0 pass, 1 fail/error, 2 bad usage.
+(the forward against the float64 truth, and gradcheck). Exit status: 0 pass, 1 fail/error, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, help="torch device (default: the harness's, a GPU if there is one, else the CPU)")
     parser.add_argument("--check", default=None, choices=sorted(aliasing.CHECKS), help="run one aliasing check")
     parser.add_argument("--float64", action="store_true",
-                        help="run the float64 check of a float64 case (gradcheck, or a raw kernel against HF's formula)")
+                        help="run the float64 check of a float64 case (the forward against the float64 truth and "
+                             "gradcheck, or a raw kernel against HF's formula)")
     parser.add_argument("--op-module", action="append", default=[], metavar="MODULE",
                         help="a module of op declarations the case's op comes from")
     return parser

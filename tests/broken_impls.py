@@ -318,6 +318,12 @@ def _rms_norm_with(normalise):
     return rms_norm
 
 
+def _compute_of(X):
+    """float32, or float64 for float64 inputs, as the contract computes: a bug below breaks one thing,
+    and a float64 input computed in float32 would be a second (the float64 check sees it)."""
+    return torch.float64 if X.dtype == torch.float64 else torch.float32
+
+
 class _RmsNormHandBackward(torch.autograd.Function):
     """HF's forward, and a backward ``backward_fn(X, W, dY, eps, gemma) -> (dX, dW)`` written by hand."""
 
@@ -325,7 +331,7 @@ class _RmsNormHandBackward(torch.autograd.Function):
     def forward(ctx, X, W, eps, gemma, backward_fn):
         ctx.save_for_backward(X, W)
         ctx.eps, ctx.gemma, ctx.backward_fn = eps, gemma, backward_fn
-        return norm_ops.rms_norm(X, W, eps, gemma)
+        return norm_ops.rms_norm(X, W, eps, gemma, compute=_compute_of(X))
 
     @staticmethod
     def backward(ctx, dY):
@@ -339,15 +345,16 @@ def _rms_norm_with_backward(backward_fn):
 
 
 def _rms_norm_backward_terms(X, W, dY, eps, gemma):
-    """The fp32 rows a closed-form RMSNorm backward works on: (r, normed, g = dL/dnormed, dW per row)."""
-    n = X.shape[-1]
-    h, dy = X.reshape(-1, n).float(), dY.reshape(-1, n).float()
+    """The fp32 rows (fp64 for fp64 inputs) a closed-form RMSNorm backward works on: (r, normed,
+    g = dL/dnormed, dW per row)."""
+    n, compute = X.shape[-1], _compute_of(X)
+    h, dy = X.reshape(-1, n).to(compute), dY.reshape(-1, n).to(compute)
     r = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     normed = h * r
     if gemma:
-        return r, normed, dy * (1.0 + W.float()), dy * normed
+        return r, normed, dy * (1.0 + W.to(compute)), dy * normed
     # Llama scales the rounded normed by W, so its gradient reaches normed rounded to X's dtype.
-    return r, normed, (dy * W.float()).to(X.dtype).float(), dy * normed.to(X.dtype).float()
+    return r, normed, (dy * W.to(compute)).to(X.dtype).to(compute), dy * normed.to(X.dtype).to(compute)
 
 
 def _rms_norm_gradients(X, W, dX_rows, dW):

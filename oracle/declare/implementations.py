@@ -8,7 +8,8 @@ the registry, named as in ``kernels/__init__.py``) and optionally:
   ``--ops``); an op the implementation neither exposes nor declares here is an error, so that a
   misspelt name (``rmsnorm``) or a wrong import can never pass as "skipped". Declared ones are
   skipped and listed at the end of the run;
-- ``NO_FLOAT64``: ops that have no float64 path. Only these skip the float64 checks (gradcheck).
+- ``NO_FLOAT64``: ops that have no float64 path. Only these skip the float64 checks (the forward
+  against the float64 truth, gradcheck).
 - ``EXACT_MATHS``: True (or a set of ops): the implementation evaluates exp, division and square
   roots as exactly as CUDA's library does, and is judged without the room fast GPU maths has.
 - ``SAVED_IN_INPUT_DTYPE``: True (or a set of ops): the op's backward reads what its forward saved

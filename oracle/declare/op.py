@@ -9,7 +9,7 @@ Note [Declaring an op]
     (oracle/declare/spec.py): hypothesis cases, stratified cases, the report's grid, float64 cases, the
     scale slice (where a ``Dim`` counts programs), and the noise model of the verdict, derived from
     the reference (oracle/noise, Note [The derived noise model]). So every check runs on it:
-    the verdict, aliasing, guard bands, version counters, determinism, float64 gradcheck.
+    the verdict, aliasing, guard bands, version counters, determinism, the float64 check.
 
     An implementation is called as the reference is: ``impl.<name>(*inputs, *params)``, in the
     declared order, and returns the outputs (one tensor, or a tuple in ``outputs``' order).
@@ -92,7 +92,7 @@ class Op:
       (oracle/verdict, oracle/declare/spec.py);
     - ``error_inputs``: bad inputs and what they must give (specs.ErrorInput);
     - ``regressions``, ``float64_cases``: cases pinned as @example in every run (once failed), and
-      the float64 cases of gradcheck (default: one small one per variant); each a dict of
+      the float64 check's cases (default: one small one per variant); each a dict of
       ``variant``, ``dtype`` (not for float64 cases), ``dims``, ``layout``, ``values``, ``params``,
       ``seed``, ``grad_layout``, of which ``dims`` is needed;
     - ``summary``: one line for tables;

@@ -114,8 +114,9 @@ class OpSpec:
     programs: Programs | None = None
 
     # --- extras
-    # Small float64 cases, one per variant at least: torch.autograd.gradcheck of a hand-written
-    # backward, or (ops outside autograd, the raw kernels) the outputs against HF's formula in float64.
+    # Small float64 cases, one per variant at least: the forward against the float64 truth and
+    # torch.autograd.gradcheck of a hand-written backward, or (ops outside autograd, the raw kernels)
+    # the outputs against HF's formula in float64.
     float64_cases: tuple[Case, ...] = ()
     buffers_hold_outputs: dict[str, str] = field(default_factory=dict)  # output -> argument whose buffer holds it
     # Arguments an implementation may overwrite (its CLOBBERS must stay inside them): RoPE's Q and K,

@@ -791,8 +791,55 @@ def float64_notes(spec: OpSpec, case: Case, impl_name: str) -> list[str]:
             f"an implementation without a float64 path declares it: NO_FLOAT64 = {{{spec.name!r}}} skips this check"]
 
 
+# Note [The float64 forward]
+#     An autograd op's float64 outputs are held to the truth (the same maths on float64 copies; not
+#     HF's outputs, which may compute in float32 whatever the input, as HF's RMSNorm does) to within
+#     FLOAT64_RTOL of each element plus FLOAT64_ATOL of the output's largest magnitude. The room is
+#     float64 rounding's, with a wide margin: float64 cases are small (the built-in ones' sums have
+#     a few dozen terms, a declared op's default case one short row), and another order of a sum of
+#     n terms, or a fused multiply-add, moves it by at most about n * 2^-53 of its terms' scale:
+#     1e-14 at a hundred terms. 1e-10 is ten thousand times that, and 600 times under what a single
+#     float32 intermediate costs (2^-24, 6e-8). The absolute part scales with the output, not with
+#     1: an element that cancels to near zero carries the rounding of terms of the output's size
+#     (a rotation, a norm where x is near 0), and a fixed atol would be lax for small outputs and
+#     strict for large ones. An output HF gives in a narrower dtype (a declared op's fixed float32
+#     one) is granted its rounding to that dtype too. gradcheck alone cannot see a forward that is
+#     smoothly wrong: it differentiates the implementation's own forward. RMSNorm given eps rounded
+#     to float32 is 1e-8 off on rows of tiny values (the op's third float64 case), and gradcheck
+#     passes it.
+FLOAT64_RTOL = 1e-10
+FLOAT64_ATOL = 1e-12  # times the output's largest finite magnitude
+
+
+def _float64_forward_failure(name: str, got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> str | None:
+    """Where an output of a float64 case is farther from the truth ``want`` than float64 rounding
+    allows (Note [The float64 forward]), plus its rounding to ``dtype``, HF's dtype of it where that
+    is narrower (a declared op's fixed float32 output): a line saying which output, where, how far
+    and the room; None where within."""
+    if got.dtype != dtype or got.shape != want.shape:
+        return f"{name} is {got.dtype} of shape {list(got.shape)} where HF's is {dtype} of shape {list(want.shape)}"
+    got, want = got.detach().to(want.device, torch.float64), want.detach().to(torch.float64)
+    finite = want[torch.isfinite(want)]
+    atol = FLOAT64_ATOL * (finite.abs().max().item() if finite.numel() else 0.0)
+    rtol = FLOAT64_RTOL + (torch.finfo(dtype).eps / 2 if dtype != torch.float64 else 0.0)
+    error = (got - want).abs()
+    allowed = rtol * want.abs() + atol
+    within = (got == want) | (got.isnan() & want.isnan()) | (error <= allowed)
+    if bool(within.all()):
+        return None
+    how_far = torch.where(within, -1.0, (error / allowed).nan_to_num(nan=torch.inf))
+    worst = tuple(int(i) for i in torch.unravel_index(how_far.argmax(), want.shape))
+    g, w = got[worst].item(), want[worst].item()
+    off = f"{abs(g - w) / abs(w):.3g} relative" if w else f"{abs(g - w):.3g}"
+    return (f"{name} differs from the float64 truth at {int((~within).sum())} of {want.numel()} elements (the "
+            f"worst at {list(worst)}: {g!r} where the truth is {w!r}, off by {off}; allowed: rtol {rtol:.3g} "
+            f"plus atol {atol:.3g}, {FLOAT64_ATOL:g} of its largest magnitude: float64 rounding, where a float32 "
+            f"intermediate is 1e-7 off)")
+
+
 def check_float64(spec: OpSpec, case: Case, impl: Implementation, device) -> None:
-    """The float64 check of one float64 case: torch.autograd.gradcheck of a hand-written backward
+    """The float64 check of one float64 case. For an op under autograd: its forward outputs against
+    the float64 truth (Note [The float64 forward]), then torch.autograd.gradcheck of its backward
     against finite differences; for a kernel outside autograd (the raw SwiGLU ones), its outputs
     against HF's formula, to within float64 rounding (a float32 intermediate is 1e-7 off; 1e-10 is
     allowed). Raises Float64Failure where it fails; an exception the implementation raises keeps its
@@ -819,6 +866,12 @@ def check_float64(spec: OpSpec, case: Case, impl: Implementation, device) -> Non
             args, _ = place(spec, case, prepared.args, device, [], sources=dict(zip(spec.differentiable, values)))
             return spec.call(impl.op(spec.name), args)
 
+        outputs = dict(zip(spec.outputs, fn(*leaves)))
+        for name, want in prepared.truth.outputs.items():
+            wrong = _float64_forward_failure(name, prepared.compared_part(name, outputs[name]), want,
+                                             prepared.hf.outputs[name].dtype)
+            if wrong:
+                raise Float64Failure("\n".join([wrong] + float64_notes(spec, case, impl.name)))
         try:
             torch.autograd.gradcheck(fn, leaves, fast_mode=True)
         except GradcheckError as exc:

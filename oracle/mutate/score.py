@@ -83,9 +83,9 @@ def judged(mutant: Mutant, reached: list[int], outcome: Outcome | None, baseline
     if not differ and compared:
         return Judged(mutant, EQUIVALENT, len(reached), outcome,
                       f"bit-identical to the unmutated kernel on all {len(compared)} case(s) that ran it")
-    if not differ:  # only checks that compare no bits (float64's gradcheck) ran it
+    if not differ:  # only checks that compare no bits ran it (float64's: within 1e-10 of the truth, gradcheck)
         return Judged(mutant, UNDETECTED, len(reached), outcome,
-                      f"only {len(reached)} check(s) without a verdict on values ran it (float64), and they passed")
+                      f"only {len(reached)} check(s) that compare no bits ran it (float64), and they passed")
     return Judged(mutant, UNDETECTED, len(reached), outcome,
                   f"its bits differ on {len(differ)} of {len(compared)} case(s) that ran it (first: "
                   f"{labels[differ[0]]}), and every verdict passed")
