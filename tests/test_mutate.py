@@ -134,8 +134,28 @@ def test_a_run_classes_each_mutant(tmp_path, capsys):
     for argv, needle in ((("--ops", "nope"), "unknown op(s) nope"), (("--operators", "typo"), "unknown operator(s) typo"),
                          (("--workers", "0"), "--workers must be at least 1"),
                          (("--dtypes", "int8"), "--dtypes takes some of"),
-                         (("--time-limit", "0"), "--time-limit must be a positive number")):
+                         (("--time-limit", "0"), "--time-limit must be a positive number"),
+                         (("--lines", "rms_norm.py:"), "--lines takes N or FILE:N")):
         assert needle in _usage_error(capsys, *argv), argv
+
+
+def test_lines_narrow_the_mutants_to_the_lines_named():
+    """--lines: N matches that line of any kernel file, FILE:N only a file whose path ends in FILE's
+    whole components."""
+    from oracle.mutate.__main__ import lines_wanted
+    from oracle.mutate.session import on_lines
+
+    m = Mutant(number=1, operator="term_dropped", file="/repo/kernels/rms_norm.py", module="kernels.rms_norm",
+               function="_inv_rms", function_line=128, line=131, statement=131, jit=True, start=(131, 14),
+               end=(131, 26), original="var + eps_lo", replacement="var")
+    assert on_lines(m, None)
+    for text, wanted in (("131", True), ("130", False), ("rms_norm.py:131", True), ("kernels/rms_norm.py:131", True),
+                         ("norm.py:131", False), ("other/rms_norm.py:131", False), ("geglu.py:131, 131", True)):
+        assert on_lines(m, lines_wanted(text)) == wanted, text
+    assert lines_wanted(None) is None
+    for bad in ("rms_norm.py:", "0", "x", "131,"):
+        with pytest.raises(ValueError, match="--lines takes N or FILE:N"):
+            lines_wanted(bad)
 
 
 def test_each_class_from_its_evidence(mutants):

@@ -33,6 +33,10 @@ def parse(argv):
     parser.add_argument("--operators", default=None,
                         help="comma-separated mutation operators (default: all: " +
                         ", ".join(op.name for op in operator_catalogue.OPERATORS) + ")")
+    parser.add_argument("--lines", default=None, metavar="LINES",
+                        help="comma-separated lines of the kernel files, each N or FILE:N (FILE the end of the "
+                             "file's path, as kernels/rms_norm.py or rms_norm.py): only the mutants whose edit "
+                             "starts there (default: every line)")
     parser.add_argument("--workers", type=int, default=None, help="processes at once (default: the cores)")
     parser.add_argument("--limit", type=int, default=None, help="test only the first N mutants (a quick look)")
     parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
@@ -50,6 +54,19 @@ def parse(argv):
 def _fail(message: str) -> int:
     print(f"oracle.mutate: {message}", file=sys.stderr)
     return 2
+
+
+def lines_wanted(text: str | None) -> tuple[tuple[str | None, int], ...] | None:
+    """--lines as (file ending or None, line) pairs; None where not given. Raises ValueError."""
+    if text is None:
+        return None
+    wanted = []
+    for entry in (e.strip() for e in text.split(",")):
+        file, _, line = entry.rpartition(":")
+        if not line.isdigit() or int(line) < 1:
+            raise ValueError(f"--lines takes N or FILE:N (N a line number from 1), got {entry!r}")
+        wanted.append((file or None, int(line)))
+    return tuple(wanted)
 
 
 def _progress(total: int, started: float):
@@ -90,6 +107,10 @@ def main(argv=None) -> int:
     stray = [o for o in chosen if o not in operator_catalogue.BY_NAME]
     if stray:
         return _fail(f"unknown operator(s) {', '.join(stray)}; known: {', '.join(operator_catalogue.BY_NAME)}")
+    try:
+        lines = lines_wanted(args.lines)
+    except ValueError as exc:
+        return _fail(str(exc))
     if args.workers is not None and args.workers < 1:
         return _fail("--workers must be at least 1")
     if args.time_limit is not None and args.time_limit <= 0:
@@ -114,7 +135,7 @@ def main(argv=None) -> int:
 
     session = Session(args.impl, ops, chosen, args.workers, native_gpu(), case_budget(), dtypes,
                       float64=not args.no_float64, op_modules=tuple(args.op_module), time_limit=args.time_limit,
-                      gate=gate)
+                      gate=gate, lines=lines)
     return session.run(args.limit, args.json, _progress)
 
 

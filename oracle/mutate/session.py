@@ -24,12 +24,24 @@ BASELINE_TIMEOUT_S = 1800.0
 FORK_AND_IMPORT_S = 30.0  # a child's own start: importing the implementation, compiling on a GPU
 
 
+def on_lines(mutant: Mutant, lines: tuple[tuple[str | None, int], ...] | None) -> bool:
+    """Whether ``lines`` (--lines: file ending or None, line) asks for the line its edit starts on;
+    every line where None. A file ending is whole path components: rms_norm.py, kernels/rms_norm.py."""
+    if lines is None:
+        return True
+    parts = Path(mutant.file).parts
+    return any(mutant.line == line and (file is None or parts[-len(Path(file).parts):] == Path(file).parts)
+               for file, line in lines)
+
+
 class Session:
     def __init__(self, impl: str, ops: list[str], operators: list[str], workers: int | None, gpu: bool,
                  budget, dtypes: tuple[str, ...], float64: bool = True, op_modules: tuple[str, ...] = (),
-                 time_limit: float | None = None, gate: Plan | None = None) -> None:
+                 time_limit: float | None = None, gate: Plan | None = None,
+                 lines: tuple[tuple[str | None, int], ...] | None = None) -> None:
         self.impl, self.ops, self.operators, self.gpu, self.op_modules = impl, ops, set(operators), gpu, list(op_modules)
         self.gate = gate  # the stored report run survivors are gated against (--baseline), or None
+        self.lines = lines  # --lines: (file ending or None, line) where mutants are made; None: everywhere
         self.gated: dict | None = None  # what the gate did: the JSON's "gate"
         self.device = "cuda" if gpu else "cpu"  # each child picks its own (oracle.engine.devices.default_device)
         self.stop_at = time.monotonic() + time_limit if time_limit else None
@@ -112,7 +124,8 @@ class Session:
         unique = {(r["file"], r["name"]): r for r in records}
         traced = {kernel_coverage.KernelSource(r["name"], r["file"], r["first_line"], (), frozenset()).key
                   for r in records if r["traced"]}
-        mutants = [m for m in mutants_of_kernels(list(unique.values())) if m.operator in self.operators][:limit]
+        mutants = [m for m in mutants_of_kernels(list(unique.values()))
+                   if m.operator in self.operators and on_lines(m, self.lines)][:limit]
         print(f"oracle.mutate: baseline {len(passing)} of {len(items)} item(s) passed in {time.monotonic() - started:.0f} s "
               f"({sum(a['seconds'] for a in items.values()):.0f} s of work); {len(mutants)} mutant(s) of "
               f"{len({(m.file, m.function) for m in mutants})} function(s) in {len({m.file for m in mutants})} file(s)",
