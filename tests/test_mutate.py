@@ -186,6 +186,32 @@ def test_each_class_from_its_evidence(mutants):
     assert score.score(results) == 0.5  # equivalent and not run stay out of it
 
 
+def test_an_undetected_mutant_says_how_far_from_the_truth_it_is_beside_the_kernel(mutants):
+    """Over the cases where its bits differ, the worst ratio of its error to the unmutated kernel's:
+    at most 1 is a rewrite as precise as the kernel, above 1 a loss the cases missed."""
+    from oracle.mutate import score
+    from oracle.mutate.runner import Outcome
+
+    m = next(x for x in mutants if x.operator == "upcast_removed")
+    baseline = {0: {"digest": "a", "errors": {"dX": [4.0, 1.0]}}, 1: {"digest": "b", "errors": {"dX": [2.0, 0.5]}}}
+    labels = ["case 0", "case 1"]
+
+    def survivor(errors: dict):
+        return score.judged(m, [0, 1], Outcome("pass", digests={0: "c", 1: "d"}, errors=errors), baseline, labels, [])
+
+    as_precise = survivor({0: {"dX": [3.0, 1.0]}, 1: {"dX": [2.0, 0.25]}})
+    assert as_precise.verdict == score.UNDETECTED  # the class stays: only the line says more
+    assert "no farther from the float64 truth than the unmutated kernel on any of them" in as_precise.why
+    assert as_precise.precision["max"]["ratio"] == 1.0 and as_precise.precision["mean"]["ratio"] == 1.0
+    worse = survivor({0: {"dX": [4.0, 1.0]}, 1: {"dX": [6.0, 0.75]}})
+    assert "its largest error against the float64 truth is 3x the unmutated kernel's (dX, 6 against 2, on case 1), " \
+        "its mean error at most 1.5x, farther on 1 of those 2 case(s)" in worse.why, worse.why
+    assert worse.to_json()["precision"]["max"]["item"] == 1
+    baseline[0]["errors"] = {"dX": [0.0, 0.0]}  # the kernel exact there, the mutant not
+    assert "where the unmutated kernel is exact" in survivor({0: {"dX": [1.0, 0.5]}, 1: {"dX": [2.0, 0.5]}}).why
+    assert score.judged(m, [0, 1], Outcome("pass", digests={0: "c", 1: "d"}), baseline, labels, []).precision is None
+
+
 def test_the_gate_judges_the_survivors(tmp_path, capsys):
     """--baseline: the cubic's mutant without its float64 upcast is HF's own float32 evaluation, so
     every case of the suite passes it; against a baseline of the kernel the gate sees its typical

@@ -41,6 +41,7 @@ class Outcome:
     item: int | None = None  # the item that failed (or was running)
     message: str = ""
     digests: dict[int, str] = field(default_factory=dict)  # item -> its outputs' bits, where it passed
+    errors: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # item -> tensor_errors, where it passed
     checks: list[str] = field(default_factory=list)  # what failed: "verdict", a finding's check, "float64", ...
     seconds: float = 0.0
 
@@ -122,36 +123,43 @@ def _tensors_in(value, depth: int = 0):
         yield from _tensors_in(vars(value), depth + 1)
 
 
-def run_item(item: Item, impl, device, cache: Path | None = None) -> tuple[str, str, str | None, list[str]]:
-    """(status, the failure's first lines, the outputs' digest, the checks that failed) of one item;
-    ``cache``: where its references are kept (Note [References made once])."""
+def tensor_errors(result) -> dict[str, list[float]]:
+    """Per compared tensor of a judged case, [largest, mean] |k - t|: how far the implementation is
+    from the float64 truth, for a survivor's precision beside the unmutated kernel's (score.py)."""
+    return {v.name: [v.max_abs, v.mean_abs] for v in result.verdicts}
+
+
+def run_item(item: Item, impl, device, cache: Path | None = None) -> tuple[str, str, str | None, list[str], dict]:
+    """(status, the failure's first lines, the outputs' digest, the checks that failed, and where it
+    passed its tensor_errors) of one item; ``cache``: where its references are kept (Note [References
+    made once])."""
     from oracle.declare.registry import SPECS
     from oracle.engine import check_float64, run_case
 
     spec = SPECS[item.op]
     if item.kind == "float64":
         if not impl.takes_float64(spec.name):  # NO_FLOAT64: the suite skips the check too
-            return "skipped", f"{impl.name} declares no float64 path for {spec.name}", None, []
+            return "skipped", f"{impl.name} declares no float64 path for {spec.name}", None, [], {}
         try:
             check_float64(spec, item.case, impl, device)
         except Exception as exc:  # noqa: BLE001 - any failure of the check detects the mutant
-            return "fail", " ".join(str(exc).split())[:300], None, ["float64"]
-        return "pass", "", None, []
+            return "fail", " ".join(str(exc).split())[:300], None, ["float64"], {}
+        return "pass", "", None, [], {}
     seen: dict[str, str] = {}
     saved_before = cache is not None and cache.exists()
     prepared = _prepared(spec, item, impl, device, cache)
     result = run_case(spec, item.case, impl, device, observe=lambda run: seen.update(digest=_digest(run)),
                       prepared=prepared)
     if result.status == "skipped":  # an op the implementation lacks
-        return "skipped", result.error or "", None, []
+        return "skipped", result.error or "", None, [], {}
     if result.passed:
         if not saved_before:
             _keep(prepared, cache)
-        return "pass", "", seen.get("digest"), []
+        return "pass", "", seen.get("digest"), [], tensor_errors(result)
     checks = (["verdict"] if any(not v.passed for v in result.verdicts) else []) + \
         sorted({finding.check for finding in result.findings})
     text = result.error or result.explain()
-    return result.status, "\n".join(text.strip().splitlines()[:6]), None, checks or [result.status]
+    return result.status, "\n".join(text.strip().splitlines()[:6]), None, checks or [result.status], {}
 
 
 class _ServeMutant(importlib.abc.MetaPathFinder):
@@ -211,9 +219,9 @@ def baseline_work(items: list[Item], chosen: list[int], impl: str, device, start
         started(index)
         begin = time.perf_counter()
         with capture() as lines:
-            status, message, digest, _ = run_item(items[index], loaded, device, _kept(cache, index))
-        answers[index] = {"status": status, "message": message, "digest": digest, "lines": sorted(lines),
-                          "seconds": time.perf_counter() - begin}
+            status, message, digest, _, errors = run_item(items[index], loaded, device, _kept(cache, index))
+        answers[index] = {"status": status, "message": message, "digest": digest, "errors": errors,
+                          "lines": sorted(lines), "seconds": time.perf_counter() - begin}
     kernels = RECORDER.to_json()
     files = {record["file"] for scope in kernels.values() for record in scope.values()}
     return {"items": answers, "kernels": kernels, "live": live_definitions(files)}
@@ -280,11 +288,12 @@ def _judged_mutant(items: list[Item], order: list[int], impl: str, device, start
     begin = time.perf_counter()
     for index in order:
         started(index)
-        status, message, digest, checks = run_item(items[index], loaded, device, _kept(cache, index))
+        status, message, digest, checks, errors = run_item(items[index], loaded, device, _kept(cache, index))
         if status != "pass":
             outcome = Outcome(status, index, message, checks=checks)
             break
         outcome.digests[index] = digest
+        outcome.errors[index] = errors
     outcome.seconds = time.perf_counter() - begin
     return outcome
 

@@ -8,12 +8,16 @@ Classes, as a kernel author acts on them:
   the statement sits under and the specialisations the cases did launch;
 - ``equivalent``: every case that ran it passed with the unmutated kernel's bits exactly: nothing
   any check can see, on these cases;
-- ``undetected``: cases ran it and its bits differ, yet every verdict passed: the gap to close.
+- ``undetected``: cases ran it and its bits differ, yet every verdict passed: the gap to close. Its
+  line says how far from the float64 truth it is beside the unmutated kernel on those cases
+  (``precision``): a survivor at most as far is a rewrite as precise as the kernel (a sum in
+  another order, a rounding left out), one farther a precision loss the cases did not flag.
 With a baseline (--baseline), a survivor of the suite that the gate flags is ``killed`` too, by the
 gate (oracle/mutate/gate.py). The score is killed / (all - equivalent)."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -34,6 +38,7 @@ class Judged:
     outcome: Outcome | None
     why: str  # killed: the failure; not reached: what would reach it; otherwise what was compared
     gate: Outcome | None = None  # the gate's judgement of a survivor, where a baseline was given
+    precision: dict | None = None  # an undetected mutant's error beside the unmutated kernel's (precision())
 
     @property
     def by_gate(self) -> bool:
@@ -45,7 +50,8 @@ class Judged:
         return {**self.mutant.to_json(), "class": self.verdict, "reached": self.reached, "why": self.why,
                 "killed_by": killed_by(self) if self.verdict == KILLED else None,
                 "status": self.outcome.status if self.outcome else None,
-                "seconds": round(self.outcome.seconds, 3) if self.outcome else 0.0, **gate}
+                "seconds": round(self.outcome.seconds, 3) if self.outcome else 0.0, **gate,
+                **({"precision": self.precision} if self.precision else {})}
 
 
 def not_reached_why(mutant: Mutant, specialisations: list[str] | None, known: frozenset[str] = frozenset()) -> str:
@@ -86,9 +92,51 @@ def judged(mutant: Mutant, reached: list[int], outcome: Outcome | None, baseline
     if not differ:  # only checks that compare no bits ran it (float64's: within 1e-10 of the truth, gradcheck)
         return Judged(mutant, UNDETECTED, len(reached), outcome,
                       f"only {len(reached)} check(s) that compare no bits ran it (float64), and they passed")
+    worst = precision(differ, outcome, baseline)
     return Judged(mutant, UNDETECTED, len(reached), outcome,
                   f"its bits differ on {len(differ)} of {len(compared)} case(s) that ran it (first: "
-                  f"{labels[differ[0]]}), and every verdict passed")
+                  f"{labels[differ[0]]}), and every verdict passed" + precision_note(worst, labels), precision=worst)
+
+
+def precision(differ: list[int], outcome: Outcome, baseline: dict) -> dict | None:
+    """Over the cases where a survivor's bits differ: its largest and mean |k - t| per tensor as a
+    multiple of the unmutated kernel's, the worst of each with where (None: nothing to compare)."""
+    worst: dict = {}
+    farther, compared = set(), set()
+    for i in differ:
+        theirs = baseline[i].get("errors") or {}
+        for tensor, (max_abs, mean_abs) in (outcome.errors.get(i) or {}).items():
+            if tensor not in theirs:
+                continue
+            compared.add(i)
+            for key, ours, base in (("max", max_abs, theirs[tensor][0]), ("mean", mean_abs, theirs[tensor][1])):
+                ratio = ours / base if base > 0 else (1.0 if ours == 0 else math.inf)
+                if key == "max" and ratio > 1:
+                    farther.add(i)
+                if key not in worst or ratio > worst[key]["ratio"]:
+                    worst[key] = {"ratio": ratio, "tensor": tensor, "item": i, "error": ours, "unmutated": base}
+    # on how many cases its largest error grew: one of many is a sum's order, all of them a loss
+    return {**worst, "farther": len(farther), "cases": len(compared)} if worst else None
+
+
+def _times(ratio: float) -> str:
+    """A ratio of errors as a reader compares it: 3.2x, 1x where equal, 1.000002x where just not."""
+    return f"{ratio:.7g}x" if ratio != 1 and abs(ratio - 1) < 1e-3 else f"{ratio:.3g}x"
+
+
+def precision_note(worst: dict | None, labels: list[str]) -> str:
+    """What precision() found, as the end of a survivor's line."""
+    if worst is None:
+        return ""
+    big, mean = worst["max"], worst["mean"]
+    if big["ratio"] <= 1 and mean["ratio"] <= 1:
+        return (f"; no farther from the float64 truth than the unmutated kernel on any of them (largest error "
+                f"{_times(big['ratio'])} its, mean {_times(mean['ratio'])})")
+    times = ("where the unmutated kernel is exact" if math.isinf(big["ratio"])
+             else f"{_times(big['ratio'])} the unmutated kernel's")
+    return (f"; its largest error against the float64 truth is {times} ({big['tensor']}, {big['error']:.3g} against "
+            f"{big['unmutated']:.3g}, on {labels[big['item']]}), its mean error at most {_times(mean['ratio'])}, "
+            f"farther on {worst['farther']} of those {worst['cases']} case(s)")
 
 
 def gated(result: Judged, outcome: Outcome | None, labels: dict[int, str]) -> Judged:
