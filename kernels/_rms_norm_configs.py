@@ -39,6 +39,7 @@ class Config:
     chunk: int = 0  # columns per step of the "looped" and "split" paths
     programs_per_sm: int = 1  # persistent programs ("looped", backward "rows") or row ranges per chunk ("split")
     stages: int = 1  # "looped": steps whose loads are in flight at once (the backward sizes its own)
+    reload: bool = False  # backward: x and dY loaded again after the row's sum instead of held in registers
 
     @classmethod
     def of(cls, entry: dict, pass_name: str) -> Config:
@@ -54,8 +55,9 @@ def table() -> dict[str, dict[int, Config]]:
     data = json.loads(CONFIG_FILE.read_text())
     if data.get("schema") != SCHEMA:
         raise ValueError(f"{CONFIG_FILE}: schema {data.get('schema')!r}, expected {SCHEMA!r}")
-    return {pass_name: {int(width): Config.of(entry["chosen"], pass_name) for width, entry in data[pass_name].items()}
-            for pass_name in PATHS}
+    return {variant: {pass_name: {int(width): Config.of(entry["chosen"], pass_name)
+                                  for width, entry in section.get(pass_name, {}).items()} for pass_name in PATHS}
+            for variant, section in (("llama", data), ("gemma", data.get("gemma", {})))}
 
 
 def _floor_power_of_2(n: int) -> int:
@@ -63,12 +65,14 @@ def _floor_power_of_2(n: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)  # on every call's path; a model has few shapes
-def lookup(pass_name: str, n_cols: int, n_rows: int, slots: int) -> Config:
-    """The measured setting for rows of ``n_cols``; ``slots`` is the program count that fills the
-    device once (SMs). Rows per program shrink for short inputs so every slot still gets a program."""
+def lookup(pass_name: str, n_cols: int, n_rows: int, slots: int, gemma: bool = False) -> Config:
+    """The measured setting for rows of ``n_cols`` (Gemma's where one was measured for it, Llama's
+    otherwise); ``slots`` is the program count that fills the device once (SMs). Rows per program
+    shrink for short inputs so every slot still gets a program."""
     block = next_power_of_2(n_cols)
     width = min(max(block, NARROWEST), WIDEST)
-    config = table()[pass_name][width]
+    measured = table()
+    config = measured["gemma" if gemma else "llama"][pass_name].get(width) or measured["llama"][pass_name][width]
     if config.path not in ("rows", "looped"):
         return config
     rows = config.rows * (width // block)  # narrower than measured: the same elements per program

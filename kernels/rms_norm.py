@@ -27,6 +27,8 @@ rms_norm_configs.json, written by scripts/tune_rms_norm.py on the H200):
 dW is summed in fp32: each program accumulates its rows per row lane and column, reduces the lanes
 once, and writes one partial row; a second small kernel sums the partials in a fixed order and casts
 once to W's dtype. Every order is fixed by the shapes alone: same inputs on the same device, same bits.
+Where the partial rows would add more than 1% to dX's memory, they live in the dX memory of each
+program's last rows, whose dX a third launch writes (Note [dW's partial rows inside dX]).
 """
 
 from __future__ import annotations
@@ -101,7 +103,9 @@ def _rms_norm_forward_looped_kernel(
     CHUNK: tl.constexpr,  # columns per step
     NUM_STAGES: tl.constexpr,  # steps whose loads are in flight at once
 ):
-    # Persistent: few rows are in flight at once, so the second sweep finds its rows in L2.
+    # Persistent: few rows are in flight at once, so the second sweep finds its rows in L2. The first
+    # sweep asks L2 to keep the row, the second to drop it and Y's stores first: 76% of copy bandwidth
+    # at 65536 columns on the H200 against 72% without (scripts/rms_norm_l2_hints.py).
     for group in tl.range(tl.program_id(0), tl.cdiv(n_rows, ROWS), tl.num_programs(0)):
         rows = tl.cast(group, tl.int64) * ROWS + tl.arange(0, ROWS)
         row_mask = rows < n_rows
@@ -110,18 +114,18 @@ def _rms_norm_forward_looped_kernel(
         for start in tl.range(0, n_cols, CHUNK, num_stages=NUM_STAGES):
             cols = start + tl.arange(0, CHUNK).to(tl.int64)
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = tl.load(x_rows + cols[None, :] * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
-            squares += x * x
+            x = tl.load(x_rows + cols[None, :] * X_col_stride, mask=mask, other=0.0, eviction_policy="evict_last")
+            squares += x.to(COMPUTE) * x.to(COMPUTE)
         inv_var = _inv_rms(tl.sum(squares, axis=1), n_cols, eps_hi, eps_lo, COMPUTE)
         tl.store(inv_var_ptr + rows, inv_var, mask=row_mask)
         for start in tl.range(0, n_cols, CHUNK, num_stages=NUM_STAGES):
             cols = start + tl.arange(0, CHUNK).to(tl.int64)
             col_mask = cols < n_cols
             mask = row_mask[:, None] & col_mask[None, :]
-            x = tl.load(x_rows + cols[None, :] * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
+            x = tl.load(x_rows + cols[None, :] * X_col_stride, mask=mask, other=0.0, eviction_policy="evict_first")
             w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
-            y = _scaled(x * inv_var[:, None], w[None, :], X_ptr.dtype.element_ty, GEMMA, COMPUTE)
-            tl.store(Y_ptr + rows[:, None] * n_cols + cols[None, :], y, mask=mask)
+            y = _scaled(x.to(COMPUTE) * inv_var[:, None], w[None, :], X_ptr.dtype.element_ty, GEMMA, COMPUTE)
+            tl.store(Y_ptr + rows[:, None] * n_cols + cols[None, :], y, mask=mask, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -187,19 +191,25 @@ def _rms_norm_backward_kernel(
     W_ptr, W_col_stride,
     inv_var_ptr,  # saved by forward
     mean_ptr,  # SPLIT only: each row's sum(g * normed) / n_cols, from _rms_norm_row_dot_kernel
-    dW_partial_ptr,  # (n_programs along axis 0, n_cols) COMPUTE: this program's sum of dY * normed
+    dW_partial_ptr,  # COMPUTE: one partial row per program, this program's sum of dY * normed (_partial_start)
     n_rows, n_cols, L1, L2,
     rows_per_program,  # each program owns rows [pid * rows_per_program, ... + rows_per_program)
+    reserved,  # the last rows of each program's range whose dX memory holds its partial row (0: a buffer of its own)
     GEMMA: tl.constexpr,
     COMPUTE: tl.constexpr,
+    FIXUP: tl.constexpr,  # this launch writes only the reserved rows' dX, once dW has been summed
     SPLIT: tl.constexpr,  # columns split over axis 1 of the grid, BLOCK_SIZE each ("split" path)
     ROWS: tl.constexpr,  # rows handled per loop step, as one 2-D block
     BLOCK_SIZE: tl.constexpr,  # the whole row, or one chunk of it (SPLIT)
     NUM_STAGES: tl.constexpr,  # loop iterations whose loads are in flight at once (software pipelining)
+    RELOAD: tl.constexpr,  # x and dY loaded again after the row's sum, from cache, rather than kept in registers
 ):
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * rows_per_program
     end_row = tl.minimum(first_row + rows_per_program, n_rows)
+    dx_end = end_row - reserved  # the main launch writes dX up to here, the fix-up from here
+    if FIXUP:
+        first_row = dx_end
     cols = tl.program_id(1).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)  # 64-bit addressing
     col_mask = cols < n_cols
     x_dtype = X_ptr.dtype.element_ty
@@ -217,37 +227,58 @@ def _rms_norm_backward_kernel(
         mask = row_mask[:, None] & col_mask[None, :]
 
         # Load the rows; masked lanes are 0 so they add nothing to either sum below.
-        x_start = _row_offsets(rows, L1, L2, X_s0, X_s1, X_s2)
-        x = tl.load(X_ptr + x_start[:, None] + cols[None, :] * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
-        dy_start = _row_offsets(rows, L1, L2, dY_s0, dY_s1, dY_s2)
-        dy = tl.load(dY_ptr + dy_start[:, None] + cols[None, :] * dY_col_stride, mask=mask, other=0.0).to(COMPUTE)
+        x_at = X_ptr + _row_offsets(rows, L1, L2, X_s0, X_s1, X_s2)[:, None] + cols[None, :] * X_col_stride
+        x = tl.load(x_at, mask=mask, other=0.0).to(COMPUTE)
+        dy_at = dY_ptr + _row_offsets(rows, L1, L2, dY_s0, dY_s1, dY_s2)[:, None] + cols[None, :] * dY_col_stride
+        dy = tl.load(dy_at, mask=mask, other=0.0).to(COMPUTE)
         inv_var = tl.load(inv_var_ptr + rows, mask=row_mask, other=0.0)[:, None]
         normed = x * inv_var
 
         # Gradient reaching `normed`, and this step's share of dW, in HF's cast order.
         g = _normed_gradient(dy, w[None, :], x_dtype, GEMMA, COMPUTE)
-        if GEMMA:
-            dw += dy * normed
-        else:
-            dw += dy * normed.to(x_dtype).to(COMPUTE)
+        if not FIXUP:
+            if GEMMA:
+                dw += dy * normed
+            else:
+                dw += dy * normed.to(x_dtype).to(COMPUTE)
 
         # Compute dx (closed form) and write it.
         if SPLIT:
             mean_g_normed = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
         else:
             mean_g_normed = tl.sum(g * normed, axis=1) / n_cols
+        if RELOAD:  # a whole row of g and normed live across the sum spilled Gemma's registers at 16384 columns
+            normed = tl.load(x_at, mask=mask, other=0.0).to(COMPUTE) * inv_var
+            g = _normed_gradient(tl.load(dy_at, mask=mask, other=0.0).to(COMPUTE), w[None, :], x_dtype, GEMMA, COMPUTE)
         dx = inv_var * (g - normed * mean_g_normed[:, None])
         dx_start = _row_offsets(rows, L1, L2, dX_s0, dX_s1, dX_s2)
+        if not FIXUP:
+            mask &= (rows < dx_end)[:, None]  # the reserved rows' dX memory holds the partial row
         tl.store(dX_ptr + dx_start[:, None] + cols[None, :] * dX_col_stride, dx, mask=mask)
 
-    tl.store(dW_partial_ptr + pid * n_cols + cols, tl.sum(dw, axis=0), mask=col_mask)
+    if not FIXUP:
+        partial = _partial_start(pid, rows_per_program, n_rows, n_cols, reserved,
+                                 dX_ptr.dtype.element_ty.primitive_bitwidth // 8, COMPUTE.primitive_bitwidth // 8)
+        tl.store(dW_partial_ptr + partial + cols, tl.sum(dw, axis=0), mask=col_mask)
+
+
+@triton.jit
+def _partial_start(pid, rows_per_program, n_rows, n_cols, reserved, DX_BYTES: tl.constexpr,
+                   COMPUTE_BYTES: tl.constexpr):
+    """Where program ``pid``'s partial row of dW starts, in COMPUTE elements: row pid of a buffer of
+    its own, or (reserved > 0) the first COMPUTE-aligned element of its reserved rows in dX (contiguous,
+    its start aligned: Note [dW's partial rows inside dX])."""
+    dx_end = tl.minimum(pid * rows_per_program + rows_per_program, n_rows) - reserved
+    in_dx = tl.cdiv(dx_end * n_cols * DX_BYTES, COMPUTE_BYTES)
+    return tl.where(reserved == 0, pid * n_cols, in_dx)
 
 
 @triton.jit
 def _sum_partials_kernel(
     dW_ptr,  # (n_cols,) in W's dtype
-    partial_ptr,  # (n_partials, n_cols) COMPUTE: one row per backward program
-    n_partials, n_cols,
+    partial_ptr,  # COMPUTE: one partial row per backward program, where _partial_start says
+    n_partials, n_cols, n_rows, rows_per_program, reserved,  # as the backward was launched
+    DX_BYTES: tl.constexpr,  # the size of dX's elements (where reserved rows hold the partials)
     PARTIALS: tl.constexpr,  # partial rows per step, reduced as one 2-D block
     BLOCK_SIZE: tl.constexpr,  # columns per program
 ):
@@ -256,9 +287,11 @@ def _sum_partials_kernel(
     # Steps and the tree inside each step are fixed by the shapes alone: same inputs, same bits.
     acc = tl.zeros([BLOCK_SIZE], dtype=partial_ptr.dtype.element_ty)
     for start in range(0, n_partials, PARTIALS):
-        rows = start + tl.arange(0, PARTIALS)
+        rows = (start + tl.arange(0, PARTIALS)).to(tl.int64)
         mask = (rows < n_partials)[:, None] & col_mask[None, :]
-        acc += tl.sum(tl.load(partial_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0), axis=0)
+        starts = _partial_start(rows, rows_per_program, n_rows, n_cols, reserved, DX_BYTES,
+                                partial_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        acc += tl.sum(tl.load(partial_ptr + starts[:, None] + cols[None, :], mask=mask, other=0.0), axis=0)
     tl.store(dW_ptr + cols, acc, mask=col_mask)
 
 
@@ -316,7 +349,7 @@ def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,
         return Y, inv_var
     layout, (X_rows,) = rows_addressable(X)
     slots = program_slots(device_index(X))
-    config = config or lookup("forward", n_cols, n_rows, slots)
+    config = config or lookup("forward", n_cols, n_rows, slots, gemma)
     eps_hi, eps_lo = _split_eps(eps)
     args = (Y, X_rows, *layout.strides[0], W, W.stride(0), inv_var, n_rows, n_cols, layout.lead[1], layout.lead[2],
             eps_hi, eps_lo)
@@ -345,16 +378,23 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
     # dX is contiguous or dY itself, so only X or dY can ever need the contiguous fallback.
     layout, (dX_rows, dY_rows, X_rows) = rows_addressable(dX, dY, X)
     slots = program_slots(device_index(X))
-    config = config or lookup("backward", n_cols, n_rows, slots)
+    config = config or lookup("backward", n_cols, n_rows, slots, gemma)
     split = config.path == "split"
     block = config.chunk if split else next_power_of_2(n_cols)
     chunks = cdiv(n_cols, block)
     programs = min(n_rows, cdiv(config.programs_per_sm * slots, chunks))
     rows_per_program = cdiv(n_rows, programs)
     programs = cdiv(n_rows, rows_per_program)
-    dW_partial = X.new_empty((programs, n_cols), dtype=compute)
+    reserved = _reserved_rows(dX, dY, n_rows, n_cols, programs, rows_per_program, compute)
+    dW_partial = _partials_in(dX, compute) if reserved else X.new_empty((programs, n_cols), dtype=compute)
     mean = inv_var  # read only when split
     dY_strides, X_strides = layout.strides[1], layout.strides[2]
+    args = (dX_rows, *layout.strides[0], dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0), inv_var)
+    shape = (n_rows, n_cols, layout.lead[1], layout.lead[2], rows_per_program, reserved)
+    settings = dict(GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], SPLIT=split, RELOAD=config.reload, ROWS=config.rows,
+                    BLOCK_SIZE=block,
+                    NUM_STAGES=_stages(config.rows * block * (X.element_size() + dY.element_size())),  # X and dY tiles
+                    num_warps=config.warps)
     with launching():
         if split:
             mean = torch.empty_like(inv_var)
@@ -363,19 +403,47 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
                 mean, dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0), inv_var,
                 n_cols, layout.lead[1], layout.lead[2],
                 GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], CHUNK=block, num_warps=config.warps)
-        launch(
-            _rms_norm_backward_kernel, (programs, chunks),
-            dX_rows, *layout.strides[0], dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0), inv_var, mean,
-            dW_partial, n_rows, n_cols, layout.lead[1], layout.lead[2], rows_per_program,
-            GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], SPLIT=split, ROWS=config.rows, BLOCK_SIZE=block,
-            NUM_STAGES=_stages(config.rows * block * (X.element_size() + dY.element_size())),  # X and dY tiles
-            num_warps=config.warps,
-        )
-        if not needs_dW:
-            return None
-        dW = torch.empty_like(W, memory_format=torch.contiguous_format)
-        launch(_sum_partials_kernel, (cdiv(n_cols, 64),), dW, dW_partial, programs, n_cols, PARTIALS=32, BLOCK_SIZE=64)
+        launch(_rms_norm_backward_kernel, (programs, chunks), *args, mean, dW_partial, *shape, FIXUP=False, **settings)
+        dW = None
+        if needs_dW:
+            dW = torch.empty_like(W, memory_format=torch.contiguous_format)
+            launch(_sum_partials_kernel, (cdiv(n_cols, 64),), dW, dW_partial, programs, n_cols, n_rows,
+                   rows_per_program, reserved, DX_BYTES=dX.element_size(), PARTIALS=32, BLOCK_SIZE=64)
+        if reserved:
+            launch(_rms_norm_backward_kernel, (programs, chunks), *args, mean, dW_partial, *shape, FIXUP=True,
+                   **settings)
     return dW
+
+
+def _reserved_rows(dX: torch.Tensor, dY: torch.Tensor, n_rows: int, n_cols: int, programs: int,
+                   rows_per_program: int, compute: torch.dtype) -> int:
+    """How many of each program's last rows lend their dX memory to its partial row of dW (0: the
+    partials get a buffer of their own). Note [dW's partial rows inside dX]
+
+        The partials are programs x n_cols in fp32: 4 to 8.6 MiB beside a 128 MiB dX from 8192
+        columns on the H200, where torch.compile holds nothing but its outputs. So when they would
+        add more than 1% to dX, each program writes its partial row into the dX memory of its own
+        last rows, and leaves those rows' dX for a second launch of the same kernel (FIXUP) after
+        the partials are summed: those rows are read twice, the same share of the rows as the
+        memory saved. The sums, and so the bits of dX and dW, are the same either way. It needs dX
+        contiguous and COMPUTE-aligned, the rows it lends (rounded to whole COMPUTE elements) in
+        every program, and dX apart from dY: the fix-up reads those rows' dY again.
+    """
+    compute_bytes, dx_bytes = compute.itemsize, dX.element_size()
+    if programs * n_cols * compute_bytes * 100 <= dX.numel() * dx_bytes:
+        return 0
+    if not dX.is_contiguous() or dX.data_ptr() % compute_bytes or _checks.overlaps(dX, dY):
+        return 0
+    # A partial row of n_cols COMPUTE elements starting at the first aligned element of the rows
+    reserved = cdiv(compute_bytes, dx_bytes) + ((n_cols * dx_bytes) % compute_bytes != 0)
+    fewest_rows = min(rows_per_program, n_rows - (programs - 1) * rows_per_program)
+    return reserved if fewest_rows >= reserved else 0
+
+
+def _partials_in(dX: torch.Tensor, compute: torch.dtype) -> torch.Tensor:
+    """dX's memory as a flat COMPUTE tensor (contiguous and aligned: _reserved_rows)."""
+    flat = dX.view(-1).view(torch.uint8)
+    return flat[:flat.numel() // compute.itemsize * compute.itemsize].view(compute)
 
 
 # --- the custom ops (kernels/_library.py) --------------------------------------------------------

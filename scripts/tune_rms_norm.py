@@ -2,7 +2,8 @@
 
     python scripts/tune_rms_norm.py --pass forward --out fwd.json      # on the GPU, one pass per GPU
     python scripts/tune_rms_norm.py --pass backward --out bwd.json
-    python scripts/tune_rms_norm.py --merge fwd.json bwd.json          # writes kernels/rms_norm_configs.json
+    python scripts/tune_rms_norm.py --merge fwd.json bwd.json          # into kernels/rms_norm_configs.json
+    python scripts/tune_rms_norm.py --pass backward --variant gemma --widths 16384 --out gemma.json
 
 Every power-of-two width from 128 to 65536 at 2^26 elements (128 MiB in bf16, Llama), each
 candidate timed with triton.testing.do_bench (median, L2 flushed between calls). The results are
@@ -52,7 +53,8 @@ def backward_candidates(width: int) -> list[Config]:
     for tile, per_sm in itertools.product((2048, 4096, 8192, 16384, 32768, 65536), (1, 2, 4)):
         rows = tile // width
         if 1 <= rows <= 64 and not (rows == 1 and tile != width):
-            out += [Config("rows", warps, rows=rows, programs_per_sm=per_sm) for warps in _warps_for(tile, (4, 8, 16, 32))]
+            out += [Config("rows", warps, rows=rows, programs_per_sm=per_sm, reload=reload)
+                    for warps in _warps_for(tile, (4, 8, 16, 32)) for reload in (False, True)[:1 + (width >= 8192)]]
     if width >= 2048:
         for chunk, tile, per_sm in itertools.product((1024, 2048, 4096), (4096, 8192, 16384), (1, 2, 4)):
             if chunk < width and tile >= chunk:
@@ -61,23 +63,23 @@ def backward_candidates(width: int) -> list[Config]:
     return out
 
 
-def _time_width(rms, pass_name: str, width: int) -> list[dict]:
+def _time_width(rms, pass_name: str, width: int, gemma: bool) -> list[dict]:
     import torch
     import triton.testing
 
     X = torch.randn(ELEMENTS // width, width, device="cuda", dtype=torch.bfloat16)
     W = (1 + 0.1 * torch.randn(width, device="cuda")).to(torch.bfloat16)
     dY = torch.randn_like(X)
-    _, inv_var = rms.forward(X, W, 1e-6, False)
+    _, inv_var = rms.forward(X, W, 1e-6, gemma)
     dX = torch.empty_like(X)
     timed = []
     for config in forward_candidates(width) if pass_name == "forward" else backward_candidates(width):
         if pass_name == "forward":
             def call(config=config):
-                return rms.forward(X, W, 1e-6, False, config)
+                return rms.forward(X, W, 1e-6, gemma, config)
         else:
             def call(config=config):
-                return rms.backward(dY, X, W, inv_var, False, dX, True, config)
+                return rms.backward(dY, X, W, inv_var, gemma, dX, True, config)
         try:
             timed.append({"config": vars(config),
                           "ms": float(triton.testing.do_bench(call, warmup=10, rep=40, return_mode="median"))})
@@ -86,35 +88,41 @@ def _time_width(rms, pass_name: str, width: int) -> list[dict]:
     return timed
 
 
-def measure(pass_name: str, widths: list[int], out_path: Path) -> None:
+def measure(pass_name: str, widths: list[int], out_path: Path, variant: str = "llama") -> None:
     import torch
 
     from oracle.environment import environment
 
     rms = importlib.import_module("kernels.rms_norm")
-    result = {"pass": pass_name, "environment": environment(), "elements": ELEMENTS, "dtype": "bfloat16",
+    result = {"pass": pass_name, "variant": variant, "environment": environment(), "elements": ELEMENTS, "dtype": "bfloat16",
               "command": " ".join(["python", *sys.argv]), "widths": {}}
     started = time.perf_counter()
     for width in widths:
-        timed = _time_width(rms, pass_name, width)
+        timed = _time_width(rms, pass_name, width, variant == "gemma")
         torch.cuda.empty_cache()
         best = min((t for t in timed if "ms" in t), key=lambda t: t["ms"])
         result["widths"][str(width)] = {"chosen": best["config"], "ms": best["ms"], "candidates": timed}
         gb = (2 if pass_name == "forward" else 3) * ELEMENTS * 2 / 1e9
-        print(f"[{time.perf_counter() - started:5.0f} s] {pass_name} {width:6d} cols: {len(timed)} settings, best "
+        print(f"[{time.perf_counter() - started:5.0f} s] {variant} {pass_name} {width:6d} cols: {len(timed)} settings, best "
               f"{best['ms']:.4f} ms ({gb / best['ms']:.2f} TB/s) {best['config']}", flush=True)
         out_path.write_text(json.dumps(result, indent=1))
 
 
 def merge(paths: list[Path], target: Path = CONFIG_FILE) -> None:
-    """Per-pass files measured on the GPU, into the table the kernels read; for a width measured
-    twice, the later file's measurement wins."""
-    table = {"schema": SCHEMA}
+    """Per-pass files measured on the GPU, into the table the kernels read (added to the committed
+    one when there is one); for a width measured twice, the later file's measurement wins. A Gemma
+    measurement goes to the table's "gemma" section, which overrides Llama's entry at its widths."""
+    table = json.loads(target.read_text()) if target.exists() else {"schema": SCHEMA}
+    if table.get("schema") != SCHEMA:
+        raise SystemExit(f"{target}: schema {table.get('schema')!r}, expected {SCHEMA!r}")
     for path in paths:
         data = json.loads(path.read_text())
-        table.setdefault(data["pass"], {}).update(data["widths"])
+        variant = data.get("variant", "llama")
+        section = table if variant == "llama" else table.setdefault(variant, {})
+        section.setdefault(data["pass"], {}).update(data["widths"])
         runs = table.setdefault("measured", {}).setdefault(data["pass"], [])
-        runs.append({k: data[k] for k in ("environment", "elements", "dtype", "command")} | {"widths": list(data["widths"])})
+        runs.append({k: data[k] for k in ("environment", "elements", "dtype", "command")}
+                    | {"variant": variant, "widths": list(data["widths"])})
     missing = {"forward", "backward"} - table.keys()
     if missing:
         raise SystemExit(f"no measurements for {sorted(missing)}")
@@ -127,12 +135,14 @@ def main() -> None:
     parser.add_argument("--pass", dest="pass_name", choices=("forward", "backward"))
     parser.add_argument("--widths", type=lambda s: [int(w) for w in s.split(",")], default=WIDTHS)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--variant", choices=("llama", "gemma"), default="llama",
+                        help="RMSNorm's variant to measure (Gemma's entries override Llama's where measured)")
     parser.add_argument("--merge", nargs="+", type=Path, help="per-pass results to merge into the kernels' table")
     args = parser.parse_args()
     if args.merge:
         merge(args.merge)
     elif args.pass_name and args.out:
-        measure(args.pass_name, args.widths, args.out)
+        measure(args.pass_name, args.widths, args.out, args.variant)
     else:
         parser.error("give --pass and --out (on a GPU), or --merge")
 

@@ -31,6 +31,7 @@ PATHS = {
     "rows x4": (Config("rows", 4, rows=4), Config("rows", 4, rows=8, programs_per_sm=2)),
     "looped / split": (Config("looped", 4, rows=2, chunk=64, programs_per_sm=1, stages=3),
                        Config("split", 4, rows=4, chunk=64, programs_per_sm=3)),
+    "rows / reload": (Config("rows", 4, rows=2), Config("rows", 4, rows=2, programs_per_sm=2, reload=True)),
 }
 
 
@@ -91,14 +92,14 @@ def test_the_committed_table_holds_the_fastest_measured_setting_at_every_width()
 
 
 def test_lookup_scales_rows_for_narrow_blocks_and_shares_short_inputs_out():
-    measured = configs.table()["forward"][128]
+    measured = configs.table()["llama"]["forward"][128]
     assert measured.path == "rows"
     wide_enough = 10**9
     assert configs.lookup("forward", 100, wide_enough, 132) == measured  # block 128
     assert configs.lookup("forward", 32, wide_enough, 132).rows == measured.rows * 4  # same elements per program
     assert configs.lookup("forward", 128, 132 * 2, 132).rows == min(measured.rows, 2)  # every SM gets a program
     assert configs.lookup("forward", 128, 5, 132).rows == 1
-    assert configs.lookup("forward", 65536, 7, 132) == configs.table()["forward"][65536]  # not a row block: unchanged
+    assert configs.lookup("forward", 65536, 7, 132) == configs.table()["llama"]["forward"][65536]  # not a row block: unchanged
 
 
 @pytest.mark.parametrize("change, message", [
@@ -141,6 +142,71 @@ def test_the_contiguous_shortcut_describes_rows_like_the_general_layout():
             s0, s1, s2, sc = layout.strides[0]
             addresses = [(r // L2 // L1) * s0 + (r // L2 % L1) * s1 + (r % L2) * s2 for r in range(layout.n_rows)]
             assert addresses == [r * shape[-1] for r in range(layout.n_rows)] and sc == 1
+
+
+# --- dW's partial rows inside dX (Note [dW's partial rows inside dX]) ------------------------------
+
+
+def _backward_twice(monkeypatch, device, dtype, rows, cols, backward: Config):
+    """RMSNorm's backward with the partials where the kernels put them, and in a buffer of their
+    own: (reserved rows chosen, both results)."""
+    gen = torch.Generator().manual_seed(rows * cols)
+    X, dY = (torch.randn(rows, cols, dtype=dtype, generator=gen).to(device) for _ in range(2))
+    W = (1 + 0.1 * torch.randn(cols, generator=gen)).to(dtype).to(device)
+    _, inv_var = rms_module.forward(X, W, 1e-6, True)
+    monkeypatch.setattr(rms_module, "program_slots", lambda _: 4)  # the CPU's: the same programs on a GPU
+    results, chosen = [], []
+    real = rms_module._reserved_rows
+    for choose in (lambda *args: chosen.append(real(*args)) or chosen[-1], lambda *args: 0):
+        monkeypatch.setattr(rms_module, "_reserved_rows", choose)
+        dX = torch.full_like(X, float("nan"))
+        dW = rms_module.backward(dY, X, W, inv_var, True, dX, True, backward)
+        results.append((dX, dW))
+    return chosen[0], results
+
+
+@pytest.mark.parametrize("dtype, cols, reserved", [
+    ("bfloat16", 96, 2),  # two rows of bf16 hold a row of fp32
+    ("bfloat16", 97, 3),  # odd columns: a row may start mid fp32 element, so one more row
+    ("float32", 97, 1),
+    ("float64", 40, 1),
+])
+@pytest.mark.parametrize("backward", [Config("rows", 4, rows=2, programs_per_sm=2),
+                                      Config("split", 4, rows=2, chunk=32, programs_per_sm=2)], ids=["rows", "split"])
+def test_partials_inside_dx_give_the_same_bits_as_a_buffer_of_their_own(dtype, cols, reserved, backward, device,
+                                                                         monkeypatch):
+    # 31 rows over 8 programs of 4 rows (3 in the last), or 3 programs per column chunk of 11 (9)
+    chosen, ((dX, dW), (dX_own, dW_own)) = _backward_twice(monkeypatch, device, getattr(torch, dtype), 31, cols,
+                                                           backward)
+    assert chosen == reserved
+    assert not dX.isnan().any()  # the reserved rows' dX written after all
+    assert torch.equal(dX, dX_own) and torch.equal(dW, dW_own)
+
+
+def test_partials_stay_in_a_buffer_of_their_own_where_dx_cannot_lend_its_rows(device):
+    X = torch.empty(1024, 256, dtype=torch.bfloat16, device=device)
+    reserved = rms_module._reserved_rows
+    assert reserved(torch.empty_like(X), X, 1024, 256, 8, 128, torch.float32) == 2
+    assert reserved(X, X, 1024, 256, 8, 128, torch.float32) == 0  # dX written into dY: the fix-up reads dY again
+    assert reserved(torch.empty_like(X), X, 1024, 256, 1, 1024, torch.float32) == 0  # partials under 1% of dX
+    assert reserved(torch.empty_like(X), X, 1023, 256, 8, 146, torch.float32) == 0  # the last program has 1 row
+    unaligned = torch.empty(1024 * 256 + 1, dtype=torch.bfloat16, device=device)[1:].view(1024, 256)
+    assert reserved(unaligned, X, 1024, 256, 8, 128, torch.float32) == 0
+    assert reserved(torch.empty_like(X).t(), X, 1024, 256, 8, 128, torch.float32) == 0  # not contiguous
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's allocator counts the peak")
+def test_the_backward_holds_no_more_than_dx_and_dw_beyond_its_inputs():
+    X, dY = (torch.randn(1024, 8192, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    W = torch.ones(8192, dtype=torch.bfloat16, device="cuda")
+    _, inv_var = rms_module.forward(X, W, 1e-6, False)
+    dX = torch.empty_like(X)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    rms_module.backward(dY, X, W, inv_var, False, dX, True)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before <= 8192 * 2 + 512  # dW, in one 512-byte block
 
 
 # --- RoPE: one node, one backward launch ------------------------------------------------------------
