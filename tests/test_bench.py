@@ -81,6 +81,17 @@ def test_forward_backward_at_most_the_faster_of_compile_and_liger(ratio, ok):
     assert row["fwd_bwd_gpu_ok"] is ok
 
 
+@pytest.mark.parametrize("ratio, tie", [(0.97, False), (0.99, True), (1.01, True), (1.03, False)])
+def test_a_tie_says_how_far_both_are_from_the_floor_the_bytes_set(ratio, tie):
+    row = _row(_workload(256, gpu=0.21 * ratio))
+    floor = FWD_BYTES * 5 // 2 / (COPY_TBPS * 1e9)  # 0.168 ms
+    assert row["fwd_bwd_floor_ms"] == pytest.approx(floor)
+    assert row["fwd_bwd_gpu_over_floor"] == pytest.approx(0.21 * ratio / floor)
+    assert row["peer_fwd_bwd_gpu_over_floor"] == pytest.approx(0.21 / floor)
+    note = f"(a tie: the bytes at copy speed take 0.168 ms; kernels {0.21 * ratio / floor:.2f}x that, compile 1.25x)"
+    assert (note in bench.target_line(row)) is tie
+
+
 def test_without_liger_compile_alone_is_the_peer():
     timings = [t for t in _workload() if t.impl != "liger"]
     timings = [replace(t, fwd_bwd_gpu_ms=0.5) if t.impl == "compile" else t for t in timings]

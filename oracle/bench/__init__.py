@@ -446,6 +446,12 @@ def _target_row(impls: dict[str, Timing], copy_tbps: float) -> dict:
            "wall_peer": WALL_PEER,
            "peer_fwd_loop_ms": wall_peer.fwd_loop_ms if wall_peer else None,
            "peer_fwd_bwd_loop_ms": wall_peer.fwd_bwd_loop_ms if wall_peer else None}
+    # The floor: the bytes forward+backward must move, at the copy's bandwidth. Where kernels and peer
+    # tie, how far each is from it says whether anything is left to win (docs/performance.md).
+    floor = ours.fwd_bwd_bytes / (copy_tbps * 1e9) if ours.fwd_bwd_bytes else None
+    row["fwd_bwd_floor_ms"] = floor
+    row["fwd_bwd_gpu_over_floor"] = _over(ours.fwd_bwd_gpu_ms, floor)
+    row["peer_fwd_bwd_gpu_over_floor"] = _over(fastest.fwd_bwd_gpu_ms if fastest else None, floor)
     row["fwd_gpu_ok"] = (row["fwd_gpu_fraction_of_copy"] or 0.0) >= row["fwd_target"]
     row["fwd_bwd_gpu_ok"] = (row["fwd_bwd_gpu_vs_fastest_peer"] or float("inf")) <= FWD_BWD_TARGET
     row["memory_ok"] = ours.peak_mb is not None and row["compile_peak_mb"] is not None and \
@@ -602,7 +608,8 @@ def target_line(row: dict) -> str:
     line = (f"target {row['op']:8s} {row['variant']:17s} {row['dtype']:9s} "
             f"fwd gpu {num(row['fwd_gpu_fraction_of_copy'], '.0%')} of copy (>= {row['fwd_target']:.0%}): "
             f"{mark(row['fwd_gpu_ok'])} | fwd+bwd gpu {num(row['fwd_bwd_gpu_vs_fastest_peer'], '.2f', 'x')} "
-            f"{row['fastest_peer'] or 'peer'}: {mark(row['fwd_bwd_gpu_ok'])} | peak {num(row['peak_mb'], '.0f')} vs "
+            f"{row['fastest_peer'] or 'peer'}: {mark(row['fwd_bwd_gpu_ok'])}{_floor_note(row)} | "
+            f"peak {num(row['peak_mb'], '.0f')} vs "
             f"compile {num(row['compile_peak_mb'], '.0f')} MiB: {mark(row['memory_ok'])}")
     if row["wall_ok"] is not None:
         line += (f" | wall per call fwd {num(row['fwd_loop_ms'], '.3f')} vs {row['wall_peer']} "
@@ -610,6 +617,19 @@ def target_line(row: dict) -> str:
                  f"{num(row['fwd_bwd_loop_ms'], '.3f')} vs {num(row['peer_fwd_bwd_loop_ms'], '.3f')} ms: "
                  f"{mark(row['wall_ok'])}")
     return line
+
+
+TIE = 0.02  # forward+backward ratios within 2% of 1: a tie no single run can order (docs/performance.md)
+
+
+def _floor_note(row: dict) -> str:
+    """For a forward+backward tie, both times against the floor the bytes set at the copy's bandwidth."""
+    ratio, ours, peer = row["fwd_bwd_gpu_vs_fastest_peer"], row["fwd_bwd_gpu_over_floor"], \
+        row["peer_fwd_bwd_gpu_over_floor"]
+    if ratio is None or ours is None or peer is None or abs(ratio - 1) >= TIE:
+        return ""
+    return (f" (a tie: the bytes at copy speed take {row['fwd_bwd_floor_ms']:.3f} ms; kernels {ours:.2f}x that, "
+            f"{row['fastest_peer']} {peer:.2f}x)")
 
 
 def _fmt(value, width, spec=".3f"):
