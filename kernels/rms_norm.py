@@ -148,30 +148,56 @@ def _scaled(normed, w, x_dtype: tl.constexpr, GEMMA: tl.constexpr, COMPUTE: tl.c
 @triton.jit
 def _rms_norm_row_dot_kernel(
     mean_ptr,  # (n_rows,) COMPUTE: sum(g * normed) / n_cols per row, for the "split" backward
+    dX_ptr, dX_s0, dX_s1, dX_s2, dX_col_stride,  # FIXUP only
     dY_ptr, dY_s0, dY_s1, dY_s2, dY_col_stride,
     X_ptr, X_s0, X_s1, X_s2, X_col_stride,
     W_ptr, W_col_stride,
     inv_var_ptr,
-    n_cols, L1, L2,
+    n_rows, n_cols, L1, L2,
+    rows_per_program, reserved,  # FIXUP only: the split backward's row ranges and their reserved rows
     GEMMA: tl.constexpr,
     COMPUTE: tl.constexpr,
     CHUNK: tl.constexpr,
+    FIXUP: tl.constexpr,  # one reserved row per program: its sum, then its dX (no mean buffer)
 ):
-    row = tl.program_id(0).to(tl.int64)
+    if FIXUP:
+        i = tl.program_id(0).to(tl.int64)
+        row = tl.minimum((i // reserved + 1) * rows_per_program, n_rows) - reserved + i % reserved
+    else:
+        row = tl.program_id(0).to(tl.int64)
     x_row = X_ptr + _row_offsets(row, L1, L2, X_s0, X_s1, X_s2)
     dy_row = dY_ptr + _row_offsets(row, L1, L2, dY_s0, dY_s1, dY_s2)
     inv_var = tl.load(inv_var_ptr + row)
+    x_dtype = X_ptr.dtype.element_ty
     acc = tl.zeros([CHUNK], dtype=COMPUTE)
     for start in tl.range(0, n_cols, CHUNK):
-        cols = start + tl.arange(0, CHUNK).to(tl.int64)
-        mask = cols < n_cols
-        x = tl.load(x_row + cols * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
-        dy = tl.load(dy_row + cols * dY_col_stride, mask=mask, other=0.0).to(COMPUTE)
-        w = tl.load(W_ptr + cols * W_col_stride, mask=mask, other=0.0).to(COMPUTE)
-        if GEMMA:
-            w = 1.0 + w
-        acc += _normed_gradient(dy, w, X_ptr.dtype.element_ty, GEMMA, COMPUTE) * (x * inv_var)
-    tl.store(mean_ptr + row, tl.sum(acc, axis=0) / n_cols)
+        normed, g = _row_chunk(x_row, X_col_stride, dy_row, dY_col_stride, W_ptr, W_col_stride, inv_var, start,
+                               n_cols, x_dtype, GEMMA, COMPUTE, CHUNK)
+        acc += g * normed
+    mean_g_normed = tl.sum(acc, axis=0) / n_cols
+    if not FIXUP:
+        tl.store(mean_ptr + row, mean_g_normed)
+    else:  # the split backward's closed form, as its 2-D programs compute it
+        dx_row = dX_ptr + _row_offsets(row, L1, L2, dX_s0, dX_s1, dX_s2)
+        for start in tl.range(0, n_cols, CHUNK):
+            normed, g = _row_chunk(x_row, X_col_stride, dy_row, dY_col_stride, W_ptr, W_col_stride, inv_var, start,
+                                   n_cols, x_dtype, GEMMA, COMPUTE, CHUNK)
+            cols = start + tl.arange(0, CHUNK).to(tl.int64)
+            tl.store(dx_row + cols * dX_col_stride, inv_var * (g - normed * mean_g_normed), mask=cols < n_cols)
+
+
+@triton.jit
+def _row_chunk(x_row, X_col_stride, dy_row, dY_col_stride, W_ptr, W_col_stride, inv_var, start, n_cols,
+               x_dtype: tl.constexpr, GEMMA: tl.constexpr, COMPUTE: tl.constexpr, CHUNK: tl.constexpr):
+    """(normed, g) over columns [start, start + CHUNK) of one row, 0 past its end."""
+    cols = start + tl.arange(0, CHUNK).to(tl.int64)
+    mask = cols < n_cols
+    x = tl.load(x_row + cols * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
+    dy = tl.load(dy_row + cols * dY_col_stride, mask=mask, other=0.0).to(COMPUTE)
+    w = tl.load(W_ptr + cols * W_col_stride, mask=mask, other=0.0).to(COMPUTE)
+    if GEMMA:
+        w = 1.0 + w
+    return x * inv_var, _normed_gradient(dy, w, x_dtype, GEMMA, COMPUTE)
 
 
 @triton.jit
@@ -202,7 +228,6 @@ def _rms_norm_backward_kernel(
     ROWS: tl.constexpr,  # rows handled per loop step, as one 2-D block
     BLOCK_SIZE: tl.constexpr,  # the whole row, or one chunk of it (SPLIT)
     NUM_STAGES: tl.constexpr,  # loop iterations whose loads are in flight at once (software pipelining)
-    RELOAD: tl.constexpr,  # x and dY loaded again after the row's sum, from cache, rather than kept in registers
 ):
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * rows_per_program
@@ -227,10 +252,10 @@ def _rms_norm_backward_kernel(
         mask = row_mask[:, None] & col_mask[None, :]
 
         # Load the rows; masked lanes are 0 so they add nothing to either sum below.
-        x_at = X_ptr + _row_offsets(rows, L1, L2, X_s0, X_s1, X_s2)[:, None] + cols[None, :] * X_col_stride
-        x = tl.load(x_at, mask=mask, other=0.0).to(COMPUTE)
-        dy_at = dY_ptr + _row_offsets(rows, L1, L2, dY_s0, dY_s1, dY_s2)[:, None] + cols[None, :] * dY_col_stride
-        dy = tl.load(dy_at, mask=mask, other=0.0).to(COMPUTE)
+        x_start = _row_offsets(rows, L1, L2, X_s0, X_s1, X_s2)
+        x = tl.load(X_ptr + x_start[:, None] + cols[None, :] * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
+        dy_start = _row_offsets(rows, L1, L2, dY_s0, dY_s1, dY_s2)
+        dy = tl.load(dY_ptr + dy_start[:, None] + cols[None, :] * dY_col_stride, mask=mask, other=0.0).to(COMPUTE)
         inv_var = tl.load(inv_var_ptr + rows, mask=row_mask, other=0.0)[:, None]
         normed = x * inv_var
 
@@ -247,9 +272,6 @@ def _rms_norm_backward_kernel(
             mean_g_normed = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
         else:
             mean_g_normed = tl.sum(g * normed, axis=1) / n_cols
-        if RELOAD:  # a whole row of g and normed live across the sum spilled Gemma's registers at 16384 columns
-            normed = tl.load(x_at, mask=mask, other=0.0).to(COMPUTE) * inv_var
-            g = _normed_gradient(tl.load(dy_at, mask=mask, other=0.0).to(COMPUTE), w[None, :], x_dtype, GEMMA, COMPUTE)
         dx = inv_var * (g - normed * mean_g_normed[:, None])
         dx_start = _row_offsets(rows, L1, L2, dX_s0, dX_s1, dX_s2)
         if not FIXUP:
@@ -391,26 +413,27 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
     dY_strides, X_strides = layout.strides[1], layout.strides[2]
     args = (dX_rows, *layout.strides[0], dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0), inv_var)
     shape = (n_rows, n_cols, layout.lead[1], layout.lead[2], rows_per_program, reserved)
-    settings = dict(GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], SPLIT=split, RELOAD=config.reload, ROWS=config.rows,
-                    BLOCK_SIZE=block,
+    settings = dict(GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], SPLIT=split, ROWS=config.rows, BLOCK_SIZE=block,
                     NUM_STAGES=_stages(config.rows * block * (X.element_size() + dY.element_size())),  # X and dY tiles
                     num_warps=config.warps)
+    row_dot_args = (*args, *shape)
+    row_dot_settings = dict(GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], CHUNK=block, num_warps=config.warps)
     with launching():
         if split:
             mean = torch.empty_like(inv_var)
-            launch(
-                _rms_norm_row_dot_kernel, (n_rows,),
-                mean, dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0), inv_var,
-                n_cols, layout.lead[1], layout.lead[2],
-                GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], CHUNK=block, num_warps=config.warps)
+            launch(_rms_norm_row_dot_kernel, (n_rows,), mean, *row_dot_args, FIXUP=False, **row_dot_settings)
         launch(_rms_norm_backward_kernel, (programs, chunks), *args, mean, dW_partial, *shape, FIXUP=False, **settings)
+        mean = None  # the split path's row sums: freed before dW takes memory (the fix-up sums its rows again)
         dW = None
         if needs_dW:
             dW = torch.empty_like(W, memory_format=torch.contiguous_format)
             launch(_sum_partials_kernel, (cdiv(n_cols, 64),), dW, dW_partial, programs, n_cols, n_rows,
                    rows_per_program, reserved, DX_BYTES=dX.element_size(), PARTIALS=32, BLOCK_SIZE=64)
-        if reserved:
-            launch(_rms_norm_backward_kernel, (programs, chunks), *args, mean, dW_partial, *shape, FIXUP=True,
+        if reserved and split:
+            launch(_rms_norm_row_dot_kernel, (programs * reserved,), inv_var, *row_dot_args, FIXUP=True,
+                   **row_dot_settings)
+        elif reserved:
+            launch(_rms_norm_backward_kernel, (programs, chunks), *args, inv_var, dW_partial, *shape, FIXUP=True,
                    **settings)
     return dW
 
@@ -427,7 +450,10 @@ def _reserved_rows(dX: torch.Tensor, dY: torch.Tensor, n_rows: int, n_cols: int,
         the partials are summed: those rows are read twice, the same share of the rows as the
         memory saved. The sums, and so the bits of dX and dW, are the same either way. It needs dX
         contiguous and COMPUTE-aligned, the rows it lends (rounded to whole COMPUTE elements) in
-        every program, and dX apart from dY: the fix-up reads those rows' dY again.
+        every program, and dX apart from dY: the fix-up reads those rows' dY again. On the split
+        path the fix-up is one program per reserved row that sums the row again, so the buffer of
+        every row's sum is freed before dW is allocated: at 65536 columns it would be the one
+        allocation beyond what torch.compile holds.
     """
     compute_bytes, dx_bytes = compute.itemsize, dX.element_size()
     if programs * n_cols * compute_bytes * 100 <= dX.numel() * dx_bytes:

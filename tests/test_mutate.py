@@ -329,13 +329,13 @@ def _judged_here(op: str, picks: list, wanted: dict) -> tuple[dict, list]:
 def test_reads_past_a_tensor_fail_the_verdict():
     """Note [NaN margins]: a load past a tensor's end reads NaN. RMSNorm's backward reading each
     row's inv_var unmasked (the lanes past the last row, multiplied by a masked 0) and its row-dot
-    kernel reading one column past each row (into a sum of 65535 terms) passed every verdict with
+    kernel (its chunks, `_row_chunk`) reading one column past each row (into a sum of 65535 terms) passed every verdict with
     a finite sentinel; they fail now, on a pinned case and on the widest one, which the unmutated
     kernels pass."""
     _on_the_cpu_profile()
     statuses, outcomes = _kernel_mutants("rms_norm", [
         ("_rms_norm_backward_kernel", "tl.load(inv_var_ptr + rows, mask=row_mask", "mask_dropped"),
-        ("_rms_norm_row_dot_kernel", "mask = cols < n_cols", "mask_off_by_one"),
+        ("_row_chunk", "mask = cols < n_cols", "mask_off_by_one"),
     ], {"dtype": "float32", "variant": "llama", "dims": [{"lead": [2, 33], "cols": 1}, {"cols": 65535}]})
     assert set(statuses.values()) == {"pass"} and len(statuses) == 2, statuses
     for pick, (status, checks) in outcomes.items():
@@ -344,7 +344,7 @@ def test_reads_past_a_tensor_fail_the_verdict():
 
 def test_every_variant_runs_the_widest_rows():
     """The widest stratified case turns its variant and its kind of values with the dtype, so
-    Gemma's split backward runs too (its row-dot kernel's 1 + W was never reached), and the looped
+    Gemma's split backward runs too (its row-dot kernel's 1 + W, in `_row_chunk`, was never reached), and the looped
     forward meets tiny values, where eps dominates: 1 - W, and the looped forward's eps dropped, fail
     the widest cases, which the unmutated kernels pass."""
     _on_the_cpu_profile()
@@ -357,7 +357,7 @@ def test_every_variant_runs_the_widest_rows():
     assert {c.variant for c in widest} == set(spec.variants), [c.summary() for c in widest]
     assert {c.values for c in widest} == {"normal", "large", "tiny"}, [c.summary() for c in widest]
     statuses, outcomes = _kernel_mutants("rms_norm", [
-        ("_rms_norm_row_dot_kernel", "w = 1.0 + w", "sign_changed"),
+        ("_row_chunk", "w = 1.0 + w", "sign_changed"),
         ("_rms_norm_forward_looped_kernel", "eps_hi, eps_lo, COMPUTE)", "eps_moved", "eps_hi"),
     ], {"dims": [{"cols": 65535}]})
     assert set(statuses.values()) == {"pass"} and len(statuses) == 3, statuses
