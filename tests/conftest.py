@@ -130,14 +130,20 @@ def report_main(monkeypatch, capsys):
     return run
 
 
-@pytest.fixture
-def report_main_before_sweep(monkeypatch, report_main):
-    """``report_main`` with the sweep patched to fail: a usage error or an unusable baseline must end
-    the command before its sweep starts."""
+def refuse_the_sweep(monkeypatch) -> None:
+    """Patch the report's sweep to fail, so that a command that should end before it cannot pass by
+    sweeping."""
     from oracle.report import __main__ as command
 
     def sweep_started(*args, **kwargs):
         raise AssertionError("the sweep started")
 
     monkeypatch.setattr(command, "sweep_now", sweep_started)
+
+
+@pytest.fixture
+def report_main_before_sweep(monkeypatch, report_main):
+    """``report_main`` with the sweep patched to fail: a usage error or an unusable baseline must end
+    the command before its sweep starts."""
+    refuse_the_sweep(monkeypatch)
     return report_main

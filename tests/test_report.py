@@ -14,6 +14,7 @@ import pytest
 
 from oracle.environment import platform_key, write_json_atomic
 from oracle.report.results import SCHEMA
+from tests.conftest import refuse_the_sweep
 
 SLICE = ["--ops", "rms_norm", "--dtypes", "float32", "--variants", "llama", "--no-checks", "--workers", "2"]
 
@@ -159,8 +160,6 @@ def test_ops_an_implementation_declares_lacking_are_listed_not_swept(tmp_path, r
     """As in pytest: a declared lack is named with its reason, never swept (it used to fill the
     table with 0/N rows and the aliasing checks with "'NoneType' object is not callable"); asking
     for it with --ops is a usage error."""
-    from oracle.report import __main__ as command
-
     partial = "tests.broken_impls:declares_what_it_lacks"  # rope only
     code, out, err = report("--impl", partial, "--dtypes", "float32", "--variants", "plain", "--workers", "1")
     assert code == 0, out + err
@@ -171,10 +170,7 @@ def test_ops_an_implementation_declares_lacking_are_listed_not_swept(tmp_path, r
     assert f"not tested: rms_norm: {partial} declares it lacks it (not written yet)" in out
     assert "not written yet" in (tmp_path / "run.html").read_text()
 
-    def sweep_started(*args, **kwargs):
-        raise AssertionError("the sweep started")
-
-    monkeypatch.setattr(command, "sweep_now", sweep_started)  # as main_before_sweep, after the real sweep
+    refuse_the_sweep(monkeypatch)  # as main_before_sweep does, after the real sweep above
     code, out, err = report("--impl", partial, "--ops", "rms_norm")
     assert code == 2 and "declares it lacks rms_norm" in out, out + err
 
