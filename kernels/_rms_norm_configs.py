@@ -4,7 +4,8 @@
 width from 128 to 65536 it times each candidate setting of the forward and of the backward at 2^26
 elements and keeps the fastest. A width is looked up by its block (the next power of two); narrower
 blocks take the 128 entry with proportionally more rows per program, so a program still handles
-as many elements as the measured one.
+as many elements as the measured one. The table was measured on Llama; its ``gemma`` section holds
+Gemma's own measurements at the widths where its path wanted another setting, and Gemma takes those.
 
 Two paths per pass:
   forward  "rows":   ROWS whole rows per program, one 2-D block (narrow and medium rows).

@@ -429,7 +429,7 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
             dW = torch.empty_like(W, memory_format=torch.contiguous_format)
             launch(_sum_partials_kernel, (cdiv(n_cols, 64),), dW, dW_partial, programs, n_cols, n_rows,
                    rows_per_program, reserved, DX_BYTES=dX.element_size(), PARTIALS=32, BLOCK_SIZE=64)
-        if reserved and split:
+        if reserved and split:  # (the fix-ups' mean_ptr is unread: inv_var stands in)
             launch(_rms_norm_row_dot_kernel, (programs * reserved,), inv_var, *row_dot_args, FIXUP=True,
                    **row_dot_settings)
         elif reserved:
@@ -460,7 +460,7 @@ def _reserved_rows(dX: torch.Tensor, dY: torch.Tensor, n_rows: int, n_cols: int,
         return 0
     if not dX.is_contiguous() or dX.data_ptr() % compute_bytes or _checks.overlaps(dX, dY):
         return 0
-    # A partial row of n_cols COMPUTE elements starting at the first aligned element of the rows
+    # rows for n_cols COMPUTE elements from the first aligned byte: one more where a row may start mid element
     reserved = cdiv(compute_bytes, dx_bytes) + ((n_cols * dx_bytes) % compute_bytes != 0)
     fewest_rows = min(rows_per_program, n_rows - (programs - 1) * rows_per_program)
     return reserved if fewest_rows >= reserved else 0

@@ -5,7 +5,7 @@
     python scripts/tune_rms_norm.py --merge fwd.json bwd.json          # into kernels/rms_norm_configs.json
     python scripts/tune_rms_norm.py --pass backward --variant gemma --widths 16384 --out gemma.json
 
-Every power-of-two width from 128 to 65536 at 2^26 elements (128 MiB in bf16, Llama), each
+Every power-of-two width from 128 to 65536 at 2^26 elements (128 MiB in bf16; Llama, or --variant), each
 candidate timed with triton.testing.do_bench (median, L2 flushed between calls). The results are
 written after each width, so a run cut short still leaves what it measured.
 """
@@ -93,8 +93,8 @@ def measure(pass_name: str, widths: list[int], out_path: Path, variant: str = "l
     from oracle.environment import environment
 
     rms = importlib.import_module("kernels.rms_norm")
-    result = {"pass": pass_name, "variant": variant, "environment": environment(), "elements": ELEMENTS, "dtype": "bfloat16",
-              "command": " ".join(["python", *sys.argv]), "widths": {}}
+    result = {"pass": pass_name, "variant": variant, "environment": environment(), "elements": ELEMENTS,
+              "dtype": "bfloat16", "command": " ".join(["python", *sys.argv]), "widths": {}}
     started = time.perf_counter()
     for width in widths:
         timed = _time_width(rms, pass_name, width, variant == "gemma")
@@ -102,8 +102,8 @@ def measure(pass_name: str, widths: list[int], out_path: Path, variant: str = "l
         best = min((t for t in timed if "ms" in t), key=lambda t: t["ms"])
         result["widths"][str(width)] = {"chosen": best["config"], "ms": best["ms"], "candidates": timed}
         gb = (2 if pass_name == "forward" else 3) * ELEMENTS * 2 / 1e9
-        print(f"[{time.perf_counter() - started:5.0f} s] {variant} {pass_name} {width:6d} cols: {len(timed)} settings, best "
-              f"{best['ms']:.4f} ms ({gb / best['ms']:.2f} TB/s) {best['config']}", flush=True)
+        print(f"[{time.perf_counter() - started:5.0f} s] {variant} {pass_name} {width:6d} cols: {len(timed)} settings, "
+              f"best {best['ms']:.4f} ms ({gb / best['ms']:.2f} TB/s) {best['config']}", flush=True)
         out_path.write_text(json.dumps(result, indent=1))
 
 

@@ -5,6 +5,7 @@ chosen from, and RoPE's single-launch backward through the autograd node that re
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 
 import pytest
@@ -100,7 +101,8 @@ def test_lookup_scales_rows_for_narrow_blocks_and_shares_short_inputs_out():
     assert configs.lookup("forward", 32, wide_enough, 132).rows == measured.rows * 4  # same elements per program
     assert configs.lookup("forward", 128, 132 * 2, 132).rows == min(measured.rows, 2)  # every SM gets a program
     assert configs.lookup("forward", 128, 5, 132).rows == 1
-    assert configs.lookup("forward", 65536, 7, 132) == configs.table()["llama"]["forward"][65536]  # not a row block: unchanged
+    widest = configs.table()["llama"]["forward"][65536]
+    assert configs.lookup("forward", 65536, 7, 132) == widest  # not a row block: unchanged
 
 
 def test_gemma_takes_its_own_entry_where_one_was_measured_and_llamas_elsewhere():
@@ -110,6 +112,28 @@ def test_gemma_takes_its_own_entry_where_one_was_measured_and_llamas_elsewhere()
         own = measured["gemma"]["backward"].get(width)
         gemma, llama = (configs.lookup("backward", width, 10**9, 132, gemma=g) for g in (True, False))
         assert llama == measured["llama"]["backward"][width] and gemma == (own or llama)
+
+
+def test_the_tuner_merges_a_gemma_measurement_into_its_own_section(tmp_path):
+    spec = importlib.util.spec_from_file_location("tune_rms_norm", configs.CONFIG_FILE.parents[1] / "scripts" /
+                                                  "tune_rms_norm.py")
+    tuner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tuner)
+    table = tmp_path / "configs.json"
+    table.write_text(configs.CONFIG_FILE.read_text())
+    chosen = {"path": "split", "warps": 4, "rows": 1, "chunk": 2048, "programs_per_sm": 1, "stages": 1}
+    measured = {"environment": {"device": "NVIDIA H200"}, "elements": 2**26, "dtype": "bfloat16", "command": "c",
+                "widths": {"8192": {"chosen": chosen, "ms": 0.1, "candidates": [{"config": chosen, "ms": 0.1}]}}}
+    gemma = tmp_path / "gemma.json"
+    gemma.write_text(json.dumps({"pass": "backward", "variant": "gemma", **measured}))
+    tuner.merge([gemma], table)
+    merged = json.loads(table.read_text())
+    assert merged["gemma"]["backward"]["8192"]["chosen"] == chosen
+    assert merged["backward"]["8192"] == json.loads(configs.CONFIG_FILE.read_text())["backward"]["8192"]  # Llama's kept
+    assert merged["measured"]["backward"][-1]["variant"] == "gemma"
+    table.write_text(json.dumps({**merged, "schema": "kernel-oracle/rms-norm-configs/0"}))
+    with pytest.raises(SystemExit, match="schema"):
+        tuner.merge([gemma], table)
 
 
 @pytest.mark.parametrize("change, message", [
