@@ -114,17 +114,19 @@ def _rms_norm_forward_looped_kernel(
         for start in tl.range(0, n_cols, CHUNK, num_stages=NUM_STAGES):
             cols = start + tl.arange(0, CHUNK).to(tl.int64)
             mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = tl.load(x_rows + cols[None, :] * X_col_stride, mask=mask, other=0.0, eviction_policy="evict_last")
-            squares += x.to(COMPUTE) * x.to(COMPUTE)
+            x = tl.load(x_rows + cols[None, :] * X_col_stride, mask=mask, other=0.0,
+                        eviction_policy="evict_last").to(COMPUTE)
+            squares += x * x
         inv_var = _inv_rms(tl.sum(squares, axis=1), n_cols, eps_hi, eps_lo, COMPUTE)
         tl.store(inv_var_ptr + rows, inv_var, mask=row_mask)
         for start in tl.range(0, n_cols, CHUNK, num_stages=NUM_STAGES):
             cols = start + tl.arange(0, CHUNK).to(tl.int64)
             col_mask = cols < n_cols
             mask = row_mask[:, None] & col_mask[None, :]
-            x = tl.load(x_rows + cols[None, :] * X_col_stride, mask=mask, other=0.0, eviction_policy="evict_first")
+            x = tl.load(x_rows + cols[None, :] * X_col_stride, mask=mask, other=0.0,
+                        eviction_policy="evict_first").to(COMPUTE)
             w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
-            y = _scaled(x.to(COMPUTE) * inv_var[:, None], w[None, :], X_ptr.dtype.element_ty, GEMMA, COMPUTE)
+            y = _scaled(x * inv_var[:, None], w[None, :], X_ptr.dtype.element_ty, GEMMA, COMPUTE)
             tl.store(Y_ptr + rows[:, None] * n_cols + cols[None, :], y, mask=mask, eviction_policy="evict_first")
 
 

@@ -71,7 +71,8 @@ def _looped_forward(Y_ptr, X_ptr, W_ptr, inv_var_ptr, n_rows, n_cols, eps,
 
 
 def _graph_ms(fn, replays: int = 20) -> float:
-    """Median GPU time of one call replayed from a CUDA graph, L2 flushed before each replay."""
+    """Median GPU time of one call replayed from a CUDA graph, L2 flushed before each replay (the
+    benchmark's graph_ms replays many calls back to back: here L2's state is what is measured)."""
     flush = torch.empty(2**28, dtype=torch.int8, device="cuda")
     fn()
     stream = torch.cuda.Stream()
