@@ -226,10 +226,12 @@ def _rms_norm_backward_kernel(
     GEMMA: tl.constexpr,
     COMPUTE: tl.constexpr,
     FIXUP: tl.constexpr,  # this launch writes only the reserved rows' dX, once dW has been summed
+    DW: tl.constexpr,  # dW wanted: each program sums its rows' share and writes its partial row
     SPLIT: tl.constexpr,  # columns split over axis 1 of the grid, BLOCK_SIZE each ("split" path)
     ROWS: tl.constexpr,  # rows handled per loop step, as one 2-D block
     BLOCK_SIZE: tl.constexpr,  # the whole row, or one chunk of it (SPLIT)
     NUM_STAGES: tl.constexpr,  # loop iterations whose loads are in flight at once (software pipelining)
+    REWIDEN: tl.constexpr,  # after the row's sum, x and dY widened again from their loaded bits (_widen_again)
 ):
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * rows_per_program
@@ -255,15 +257,16 @@ def _rms_norm_backward_kernel(
 
         # Load the rows; masked lanes are 0 so they add nothing to either sum below.
         x_start = _row_offsets(rows, L1, L2, X_s0, X_s1, X_s2)
-        x = tl.load(X_ptr + x_start[:, None] + cols[None, :] * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
+        x_bits = tl.load(X_ptr + x_start[:, None] + cols[None, :] * X_col_stride, mask=mask, other=0.0)
         dy_start = _row_offsets(rows, L1, L2, dY_s0, dY_s1, dY_s2)
-        dy = tl.load(dY_ptr + dy_start[:, None] + cols[None, :] * dY_col_stride, mask=mask, other=0.0).to(COMPUTE)
+        dy_bits = tl.load(dY_ptr + dy_start[:, None] + cols[None, :] * dY_col_stride, mask=mask, other=0.0)
+        dy = dy_bits.to(COMPUTE)
         inv_var = tl.load(inv_var_ptr + rows, mask=row_mask, other=0.0)[:, None]
-        normed = x * inv_var
+        normed = x_bits.to(COMPUTE) * inv_var
 
         # Gradient reaching `normed`, and this step's share of dW, in HF's cast order.
         g = _normed_gradient(dy, w[None, :], x_dtype, GEMMA, COMPUTE)
-        if not FIXUP:
+        if DW and not FIXUP:
             if GEMMA:
                 dw += dy * normed
             else:
@@ -274,16 +277,40 @@ def _rms_norm_backward_kernel(
             mean_g_normed = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
         else:
             mean_g_normed = tl.sum(g * normed, axis=1) / n_cols
+        if REWIDEN:  # the same values, so the same dX
+            normed = _widen_again(x_bits, COMPUTE) * inv_var
+            g = _normed_gradient(_widen_again(dy_bits, COMPUTE), w[None, :], x_dtype, GEMMA, COMPUTE)
         dx = inv_var * (g - normed * mean_g_normed[:, None])
         dx_start = _row_offsets(rows, L1, L2, dX_s0, dX_s1, dX_s2)
         if not FIXUP:
             mask &= (rows < dx_end)[:, None]  # the reserved rows' dX memory holds the partial row
         tl.store(dX_ptr + dx_start[:, None] + cols[None, :] * dX_col_stride, dx, mask=mask)
 
-    if not FIXUP:
+    if DW and not FIXUP:
         partial = _partial_start(pid, rows_per_program, n_rows, n_cols, reserved,
                                  dX_ptr.dtype.element_ty.primitive_bitwidth // 8, COMPUTE.primitive_bitwidth // 8)
         tl.store(dW_partial_ptr + partial + cols, tl.sum(dw, axis=0), mask=col_mask)
+
+
+@triton.jit
+def _widen_again(bits, COMPUTE: tl.constexpr):
+    """``bits.to(COMPUTE)`` once more, spelt so that the compiler does not merge it with the first
+    widening. Note [Widening again]
+
+        The whole-row backward needs x and dY twice per row: for the row's sum, then for dX once
+        the sum is known. Widened once, their fp32 copies stay live across the sum (2 x 4 bytes an
+        element where the loaded bf16 would hold 2 x 2), and a 16384-column Gemma row spills: 15
+        spill loads a row at 16 warps, compiled for sm_90 by Triton 3.6 (scripts/rms_norm_registers.py).
+        Loading again does not help: Triton merges the second load with the first. A bf16 value's
+        fp32 bits are its own 16 bits shifted up, an exact widening the compiler does not recognise
+        as the first one, so it keeps the 16-bit row live and widens again: no spills at 16 or 32
+        warps. The values are the same, so dX's bits are too. Other dtypes widen as usual. It does
+        not always help (Gemma at 8 warps, Llama at 8 and 16 spill more with it): the launch
+        table's ``rewiden`` says where it is used, as the tuner measured.
+    """
+    if bits.dtype == tl.bfloat16 and COMPUTE == tl.float32:
+        return (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return bits.to(COMPUTE)
 
 
 @triton.jit
@@ -409,13 +436,17 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
     programs = min(n_rows, cdiv(config.programs_per_sm * slots, chunks))
     rows_per_program = cdiv(n_rows, programs)
     programs = cdiv(n_rows, rows_per_program)
-    reserved = _reserved_rows(dX, dY, n_rows, n_cols, programs, rows_per_program, compute)
-    dW_partial = _partials_in(dX, compute) if reserved else X.new_empty((programs, n_cols), dtype=compute)
+    if needs_dW:
+        reserved = _reserved_rows(dX, dY, n_rows, n_cols, programs, rows_per_program, compute)
+        dW_partial = _partials_in(dX, compute) if reserved else X.new_empty((programs, n_cols), dtype=compute)
+    else:  # no partial rows: nothing to hold, sum or fix up
+        reserved, dW_partial = 0, inv_var  # (unread)
     mean = inv_var  # read only when split
     dY_strides, X_strides = layout.strides[1], layout.strides[2]
     args = (dX_rows, *layout.strides[0], dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0), inv_var)
     shape = (n_rows, n_cols, layout.lead[1], layout.lead[2], rows_per_program, reserved)
-    settings = dict(GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], SPLIT=split, ROWS=config.rows, BLOCK_SIZE=block,
+    settings = dict(GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], DW=needs_dW, SPLIT=split, REWIDEN=config.rewiden,
+                    ROWS=config.rows, BLOCK_SIZE=block,
                     NUM_STAGES=_stages(config.rows * block * (X.element_size() + dY.element_size())),  # X and dY tiles
                     num_warps=config.warps)
     row_dot_args = (*args, *shape)
@@ -455,7 +486,8 @@ def _reserved_rows(dX: torch.Tensor, dY: torch.Tensor, n_rows: int, n_cols: int,
         every program, and dX apart from dY: the fix-up reads those rows' dY again. On the split
         path the fix-up is one program per reserved row that sums the row again, so the buffer of
         every row's sum is freed before dW is allocated: at 65536 columns it would be the one
-        allocation beyond what torch.compile holds.
+        allocation beyond what torch.compile holds. Where W needs no gradient there are no partial
+        rows (DW=False): nothing to hold, sum or fix up.
     """
     compute_bytes, dx_bytes = compute.itemsize, dX.element_size()
     if programs * n_cols * compute_bytes * 100 <= dX.numel() * dx_bytes:

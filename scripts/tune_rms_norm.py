@@ -53,7 +53,8 @@ def backward_candidates(width: int) -> list[Config]:
     for tile, per_sm in itertools.product((2048, 4096, 8192, 16384, 32768, 65536), (1, 2, 4)):
         rows = tile // width
         if 1 <= rows <= 64 and not (rows == 1 and tile != width):
-            out += [Config("rows", warps, rows=rows, programs_per_sm=per_sm) for warps in _warps_for(tile, (4, 8, 16, 32))]
+            out += [Config("rows", warps, rows=rows, programs_per_sm=per_sm, rewiden=rewiden)
+                    for warps in _warps_for(tile, (4, 8, 16, 32)) for rewiden in (False, True)[:1 + (width >= 8192)]]
     if width >= 2048:
         for chunk, tile, per_sm in itertools.product((1024, 2048, 4096), (4096, 8192, 16384), (1, 2, 4)):
             if chunk < width and tile >= chunk:

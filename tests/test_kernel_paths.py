@@ -10,6 +10,8 @@ import json
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernels
 from kernels import _launch, _layout
@@ -217,6 +219,27 @@ def test_partials_inside_dx_give_the_same_bits_as_a_buffer_of_their_own(dtype, c
     assert torch.equal(dX, dX_own) and torch.equal(dW, dW_own)
 
 
+@pytest.mark.parametrize("backward", [Config("rows", 4, rows=2, programs_per_sm=2),
+                                      Config("split", 4, rows=2, chunk=32, programs_per_sm=2)], ids=["rows", "split"])
+def test_a_backward_without_dw_writes_the_same_dx_and_no_partial_rows(backward, device, monkeypatch):
+    """A frozen weight (LoRA's norms): no partial rows held, summed or fixed up; dX's bits as with dW."""
+    gen = torch.Generator().manual_seed(5)
+    X, dY = (torch.randn(31, 96, dtype=torch.bfloat16, generator=gen).to(device) for _ in range(2))
+    W = (1 + 0.1 * torch.randn(96, generator=gen)).to(torch.bfloat16).to(device)
+    _, inv_var = rms_module.forward(X, W, 1e-6, False)
+    monkeypatch.setattr(rms_module, "program_slots", lambda _: 4)
+    launched, real_launch = [], rms_module.launch
+    monkeypatch.setattr(rms_module, "launch", lambda kernel, *a, **k: launched.append(kernel.fn.__name__)
+                        or real_launch(kernel, *a, **k))
+    dX_with, dX_without = torch.empty_like(X), torch.empty_like(X)
+    assert rms_module.backward(dY, X, W, inv_var, False, dX_with, True, backward) is not None
+    assert len(launched) == 3 + (backward.path == "split")  # with dW: the partials' sum and a fix-up
+    launched.clear()
+    assert rms_module.backward(dY, X, W, inv_var, False, dX_without, False, backward) is None
+    assert launched == ["_rms_norm_row_dot_kernel"] * (backward.path == "split") + ["_rms_norm_backward_kernel"]
+    assert torch.equal(dX_with, dX_without)
+
+
 def test_partials_stay_in_a_buffer_of_their_own_where_dx_cannot_lend_its_rows(device):
     X = torch.empty(1024, 256, dtype=torch.bfloat16, device=device)
     reserved = rms_module._reserved_rows
@@ -230,8 +253,9 @@ def test_partials_stay_in_a_buffer_of_their_own_where_dx_cannot_lend_its_rows(de
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's allocator counts the peak")
+@pytest.mark.parametrize("needs_dW", [True, False], ids=["dW", "no dW"])
 @pytest.mark.parametrize("rows, cols", [(1024, 8192), (256, 65536)], ids=["rows", "split"])
-def test_the_backward_holds_no_more_than_dx_and_dw_beyond_its_inputs(rows, cols):
+def test_the_backward_holds_no_more_than_dx_and_dw_beyond_its_inputs(rows, cols, needs_dW):
     X, dY = (torch.randn(rows, cols, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     W = torch.ones(cols, dtype=torch.bfloat16, device="cuda")
     _, inv_var = rms_module.forward(X, W, 1e-6, False)
@@ -239,9 +263,44 @@ def test_the_backward_holds_no_more_than_dx_and_dw_beyond_its_inputs(rows, cols)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    rms_module.backward(dY, X, W, inv_var, False, dX, True)
+    rms_module.backward(dY, X, W, inv_var, False, dX, needs_dW)
     torch.cuda.synchronize()
-    assert torch.cuda.max_memory_allocated() - before <= cols * 2  # dW (a multiple of 512 bytes)
+    # dW (a multiple of 512 bytes); without it, the split path's row sums at most
+    assert torch.cuda.max_memory_allocated() - before <= (cols * 2 if needs_dW else rows * 4 * (cols == 65536))
+
+
+# --- Widening x and dY again after the row's sum (Note [Widening again]) ----------------------------
+
+
+@triton.jit
+def _widened_again(bits_ptr, out_ptr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offsets, rms_module._widen_again(tl.load(bits_ptr + offsets), tl.float32))
+
+
+def test_widening_again_gives_every_bf16_value_its_fp32_bits(device):
+    every = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(device)
+    widened = torch.empty(every.numel(), dtype=torch.float32, device=device)
+    _widened_again[(every.numel() // 1024,)](every, widened, BLOCK=1024)
+    assert torch.equal(widened.view(torch.int32), every.float().view(torch.int32))  # NaNs' payloads too
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
+@pytest.mark.parametrize("variant", ["llama", "gemma"])
+def test_widening_again_gives_the_same_bits(dtype, variant, device, monkeypatch):
+    gen = torch.Generator().manual_seed(7)
+    X, dY = (torch.randn(9, 80, generator=gen).to(getattr(torch, dtype)).to(device) for _ in range(2))
+    W = (1 + 0.1 * torch.randn(80, generator=gen)).to(X.dtype).to(device)
+    gemma = variant == "gemma"
+    _, inv_var = rms_module.forward(X, W, 1e-6, gemma)
+    monkeypatch.setattr(rms_module, "program_slots", lambda _: 4)
+    results = []
+    for rewiden in (False, True):
+        dX = torch.empty_like(X)
+        dW = rms_module.backward(dY, X, W, inv_var, gemma, dX, True, Config("rows", 4, rows=2, rewiden=rewiden))
+        results.append((dX, dW))
+    (dX, dW), (dX_again, dW_again) = results
+    assert torch.equal(dX, dX_again) and torch.equal(dW, dW_again)
 
 
 # --- RoPE: one node, one backward launch ------------------------------------------------------------

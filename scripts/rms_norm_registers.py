@@ -1,0 +1,119 @@
+"""Registers and spills of RMSNorm's whole-row backward, compiled for sm_90 on any machine (no GPU).
+
+    python scripts/rms_norm_registers.py [--cols 16384] [--rows 4096] [--warps 8,16,32]
+
+Each setting is compiled with the specialisation a contiguous (rows, cols) bf16 launch gets (integer
+arguments equal to 1 become constants, multiples of 16 carry their divisibility), then
+``cuobjdump`` (shipped in Triton's wheel) reads the cubin: registers per thread, the stack (spill
+space), and in the row loop the instructions and the spill loads (LDL) and stores (STL) each row
+pays. Numbers depend on the Triton version: the H200's (3.6) and CI's (3.9) differ; say which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile for the GPU even on a CPU machine
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default today, said aloud (3.9 warns)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+rms_norm = importlib.import_module("kernels.rms_norm")  # the module (kernels.rms_norm is also the function)
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+FP32_POINTERS = ("inv_var_ptr", "mean_ptr", "dW_partial_ptr")
+
+
+def _launch_arguments(rows: int, cols: int) -> dict[str, int]:
+    """The integer arguments of a contiguous launch (kernels/_layout.py's contiguous RowLayout)."""
+    strides = {}
+    for tensor in ("dX", "dY", "X"):
+        strides |= {f"{tensor}_s0": 0, f"{tensor}_s1": 0, f"{tensor}_s2": cols, f"{tensor}_col_stride": 1}
+    programs = min(rows, 132)  # one per SM of an H200
+    return strides | {"W_col_stride": 1, "n_rows": rows, "n_cols": cols, "L1": 1, "L2": rows,
+                      "rows_per_program": -(-rows // programs), "reserved": 2}
+
+
+def compile_backward(rows: int, cols: int, warps: int, gemma: bool, rewiden: bool):
+    kernel = rms_norm._rms_norm_backward_kernel
+    values = _launch_arguments(rows, cols)
+    constexprs = dict(GEMMA=gemma, COMPUTE=tl.float32, FIXUP=False, DW=True, SPLIT=False, REWIDEN=rewiden, ROWS=1,
+                      BLOCK_SIZE=triton.next_power_of_2(cols), NUM_STAGES=1)
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = "*fp32" if name in FP32_POINTERS else "*bf16"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif values[name] == 1:
+            signature[name], constexprs[name] = "constexpr", 1
+        else:
+            signature[name] = "i32"
+            if values[name] % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
+def _cuobjdump(cubin: bytes, *flags: str) -> str:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kernel.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([str(CUOBJDUMP), *flags, str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def _instructions(sass: str) -> list[tuple[int, str]]:
+    found = (re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", line) for line in sass.splitlines())
+    return [(int(m.group(1), 16), m.group(2).strip()) for m in found if m]
+
+
+def row_loop(sass: str) -> list[str]:
+    """The instructions of the longest backward branch's body: the loop over the program's rows."""
+    instructions, best = _instructions(sass), []
+    for address, text in instructions:
+        target = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            body = [t for a, t in instructions if int(target.group(1), 16) <= a <= address]
+            best = max(best, body, key=len)
+    return best
+
+
+def measure(rows: int, cols: int, warps: int, gemma: bool, rewiden: bool) -> dict:
+    cubin = compile_backward(rows, cols, warps, gemma, rewiden).asm["cubin"]
+    usage = _cuobjdump(cubin, "--dump-resource-usage")
+    loop = row_loop(_cuobjdump(cubin, "-sass"))
+    count = lambda opcode: sum(1 for text in loop if re.search(rf"(^|\s){opcode}(\.\S+)?\s", text + " "))  # noqa: E731
+    return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)),
+            "stack": int(re.search(r"STACK:(\d+)", usage).group(1)),
+            "loop": len(loop), "spill_loads": count("LDL"), "spill_stores": count("STL")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cols", type=int, default=16384)
+    parser.add_argument("--rows", type=int, default=4096)
+    parser.add_argument("--warps", default="8,16,32", help="comma-separated warp counts")
+    args = parser.parse_args()
+    print(f"triton {triton.__version__}, sm_90: the backward's whole-row path, {args.rows} x {args.cols} bf16")
+    print("variant  warps  rewiden  registers  stack  row loop: instructions  spill loads  spill stores")
+    for gemma in (False, True):
+        for warps in map(int, args.warps.split(",")):
+            for rewiden in (False, True):
+                m = measure(args.rows, args.cols, warps, gemma, rewiden)
+                print(f"{'gemma' if gemma else 'llama':7s}  {warps:5d}  {str(rewiden):7s}  {m['registers']:9d}  "
+                      f"{m['stack']:5d}  {m['loop']:22d}  {m['spill_loads']:11d}  {m['spill_stores']:12d}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
