@@ -73,6 +73,7 @@ def _rms_norm_forward_kernel(
     COMPUTE: tl.constexpr,  # tl.float32, or tl.float64 for float64 inputs
     ROWS: tl.constexpr,  # whole rows per program, as one 2-D block
     BLOCK_SIZE: tl.constexpr,
+    REWIDEN: tl.constexpr,  # after the row's sum, x widened again from its loaded bits, W loaded (_widen_again)
 ):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_mask = rows < n_rows
@@ -82,12 +83,17 @@ def _rms_norm_forward_kernel(
 
     # Load the rows and the weight, upcast: no arithmetic ever happens in bf16/fp16.
     x_start = _row_offsets(rows, L1, L2, X_s0, X_s1, X_s2)
-    x = tl.load(X_ptr + x_start[:, None] + cols[None, :] * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
-    w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
+    x_bits = tl.load(X_ptr + x_start[:, None] + cols[None, :] * X_col_stride, mask=mask, other=0.0)
+    x = x_bits.to(COMPUTE)
+    if not REWIDEN:  # in flight with the rows
+        w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
 
     # Row statistic; padding lanes hold 0 and add nothing to the sum.
     inv_var = _inv_rms(tl.sum(x * x, axis=1), n_cols, eps_hi, eps_lo, COMPUTE)
     tl.store(inv_var_ptr + rows, inv_var, mask=row_mask)
+    if REWIDEN:  # only the 16-bit rows live across the sum: a whole row of 65536 in registers, unspilled
+        x = _widen_again(x_bits, COMPUTE)
+        w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
 
     y = _scaled(x * inv_var[:, None], w[None, :], X_ptr.dtype.element_ty, GEMMA, COMPUTE)
     tl.store(Y_ptr + rows[:, None] * n_cols + cols[None, :], y, mask=mask)
@@ -297,16 +303,19 @@ def _widen_again(bits, COMPUTE: tl.constexpr):
     """``bits.to(COMPUTE)`` once more, spelt so that the compiler does not merge it with the first
     widening. Note [Widening again]
 
-        The whole-row backward needs x and dY twice per row: for the row's sum, then for dX once
-        the sum is known. Widened once, their fp32 copies stay live across the sum (2 x 4 bytes an
-        element where the loaded bf16 would hold 2 x 2), and a 16384-column Gemma row spills: 15
-        spill loads a row at 16 warps, compiled for sm_90 by Triton 3.6 (scripts/rms_norm_registers.py).
-        Loading again does not help: Triton merges the second load with the first. A bf16 value's
-        fp32 bits are its own 16 bits shifted up, an exact widening the compiler does not recognise
-        as the first one, so it keeps the 16-bit row live and widens again: no spills at 16 or 32
-        warps. The values are the same, so dX's bits are too. Other dtypes widen as usual. It does
-        not always help (Gemma at 8 warps, Llama at 8 and 16 spill more with it): the launch
-        table's ``rewiden`` says where it is used, as the tuner measured.
+        The whole-row paths need a row twice: for its sum, then once the sum is known (the forward
+        x for Y, the backward x and dY for dX). Widened once, the fp32 copies stay live across the
+        sum (4 bytes an element where the loaded bf16 would hold 2) and wide rows spill, compiled
+        for sm_90 by Triton 3.6 (scripts/rms_norm_registers.py): Gemma's backward at 16384 columns
+        15 spill loads a row at 16 warps, the forward at 65536 columns 58 at 32 warps. Loading
+        again does not help: Triton merges the second load with the first. A bf16 value's fp32
+        bits are its own 16 bits shifted up, an exact widening the compiler does not recognise as
+        the first one, so it keeps the 16-bit row live and widens again: no spills in Gemma's
+        backward at 16 or 32 warps, none in the forward at 65536 columns (a whole row in 55
+        registers a thread; W is loaded after the sum, or it spills again). The values are the
+        same, so the bits of Y and dX are too. Other dtypes widen as usual. It does not always help
+        (Gemma's backward at 8 warps, Llama's at 8 and 16 spill more with it): the launch table's
+        ``rewiden`` says where it is used, as the tuner measured.
     """
     if bits.dtype == tl.bfloat16 and COMPUTE == tl.float32:
         return (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
@@ -415,7 +424,7 @@ def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,
             launch(
                 _rms_norm_forward_kernel, (cdiv(n_rows, config.rows),),
                 *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], ROWS=config.rows,
-                BLOCK_SIZE=next_power_of_2(n_cols), num_warps=config.warps)
+                BLOCK_SIZE=next_power_of_2(n_cols), REWIDEN=config.rewiden, num_warps=config.warps)
     return Y, inv_var
 
 

@@ -6,7 +6,7 @@
 #   bash scripts/h200.sh info tests thorough liger-tests
 #   bash scripts/h200.sh report liger-report bench      # bench: carry liger-kernel's wheel in .whl
 #   bash scripts/h200.sh tune-rms-norm host-profile
-#   bash scripts/h200.sh tune-16384                       # the backward at 16384 columns, both variants; then --merge here
+#   bash scripts/h200.sh tune-rewiden                     # the settings that widen again; then --merge here
 #   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # thorough examples, derived vs declared
 #   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
 #   bash scripts/h200.sh unsloth-tests unsloth-report   # .whl holds unsloth and unsloth_zoo 2026.10.9
@@ -207,11 +207,13 @@ for step in "$@"; do
       CUDA_VISIBLE_DEVICES=$(( $(nvidia-smi -L | wc -l) - 1 )) timeout 400 python3 scripts/tune_rms_norm.py --pass backward \
         --out "$OUT/tune-backward.json" > "$OUT/tune-backward.log" 2>&1; wait
       tail -10 "$OUT/tune-forward.log" "$OUT/tune-backward.log";;
-    tune-16384)  # the backward at 16384 columns, Gemma and Llama, rewidening included (Note [Widening again])
-      for variant in gemma llama; do
-        timeout ${TUNE_TIMEOUT:-240} python3 scripts/tune_rms_norm.py --pass backward --variant $variant --widths 16384 \
+    tune-rewiden)  # the settings that widen again (Note [Widening again]): Gemma's and Llama's backward at 16384
+      for variant in gemma llama; do  # columns, the forward from 8192; merge here with --merge
+        timeout ${TUNE_TIMEOUT:-150} python3 scripts/tune_rms_norm.py --pass backward --variant $variant --widths 16384 \
           --out "$OUT/tune-backward-$variant-16384.json" 2>&1 | tail -1
-      done;;
+      done
+      timeout ${TUNE_TIMEOUT:-300} python3 scripts/tune_rms_norm.py --pass forward --widths 8192,16384,32768,65536 \
+        --out "$OUT/tune-forward-wide.json" 2>&1 | tail -4;;
     host-profile)  # where a call's host time goes (autograd, Triton's launcher, the kernels' Python)
       # the whole log first: head closing a pipe behind tee would cut it at its 20th line
       timeout ${PROFILE_TIMEOUT:-200} python3 scripts/host_profile.py > "$OUT/host-profile-h200.log" 2>&1; head -20 "$OUT/host-profile-h200.log";;

@@ -1,12 +1,14 @@
-"""Registers and spills of RMSNorm's whole-row backward, compiled for sm_90 on any machine (no GPU).
+"""Registers and spills of RMSNorm's whole-row kernels, compiled for sm_90 on any machine (no GPU).
 
-    python scripts/rms_norm_registers.py [--cols 16384] [--rows 4096] [--warps 8,16,32]
+    python scripts/rms_norm_registers.py [--pass backward] [--cols 16384] [--rows 4096] [--warps 8,16,32]
+    python scripts/rms_norm_registers.py --pass forward --cols 65536 --rows 1024 --warps 16,32
 
 Each setting is compiled with the specialisation a contiguous (rows, cols) bf16 launch gets (integer
 arguments equal to 1 become constants, multiples of 16 carry their divisibility), then
 ``cuobjdump`` (shipped in Triton's wheel) reads the cubin: registers per thread, the stack (spill
-space), and in the row loop the instructions and the spill loads (LDL) and stores (STL) each row
-pays. Numbers depend on the Triton version: the H200's (3.6) and CI's (3.9) differ; say which.
+space), and the instructions with their spill loads (LDL) and stores (STL): in the backward those of
+its loop over a program's rows (each row pays them), in the forward (a row per program) the whole
+kernel's. Numbers depend on the Triton version: the H200's (3.6) and CI's (3.9) differ; say which.
 """
 
 from __future__ import annotations
@@ -44,15 +46,21 @@ def _launch_arguments(rows: int, cols: int) -> dict[str, int]:
                       "rows_per_program": -(-rows // programs), "reserved": 2}
 
 
-def compile_backward(rows: int, cols: int, warps: int, gemma: bool, rewiden: bool):
-    kernel = rms_norm._rms_norm_backward_kernel
+def compile_whole_row(pass_name: str, rows: int, cols: int, warps: int, gemma: bool, rewiden: bool):
+    """The "rows" path of ``pass_name`` for one row a program (forward) or a step (backward)."""
+    constexprs = dict(GEMMA=gemma, COMPUTE=tl.float32, REWIDEN=rewiden, ROWS=1, BLOCK_SIZE=triton.next_power_of_2(cols))
+    if pass_name == "forward":
+        kernel = rms_norm._rms_norm_forward_kernel
+    else:
+        kernel = rms_norm._rms_norm_backward_kernel
+        constexprs |= dict(FIXUP=False, DW=True, SPLIT=False, NUM_STAGES=1)
     values = _launch_arguments(rows, cols)
-    constexprs = dict(GEMMA=gemma, COMPUTE=tl.float32, FIXUP=False, DW=True, SPLIT=False, REWIDEN=rewiden, ROWS=1,
-                      BLOCK_SIZE=triton.next_power_of_2(cols), NUM_STAGES=1)
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
+        elif name.startswith("eps"):
+            signature[name] = "fp32"
         elif name.endswith("_ptr"):
             signature[name] = "*fp32" if name in FP32_POINTERS else "*bf16"
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -79,18 +87,19 @@ def _instructions(sass: str) -> list[tuple[int, str]]:
 
 
 def row_loop(sass: str) -> list[str]:
-    """The instructions of the longest backward branch's body: the loop over the program's rows."""
+    """The instructions of the longest backward branch's body (the loop over the program's rows), or
+    all of them where there is no loop."""
     instructions, best = _instructions(sass), []
     for address, text in instructions:
         target = re.search(r"BRA (0x[0-9a-f]+)", text)
         if target and int(target.group(1), 16) < address:
             body = [t for a, t in instructions if int(target.group(1), 16) <= a <= address]
             best = max(best, body, key=len)
-    return best
+    return best or [text for _, text in instructions]
 
 
-def measure(rows: int, cols: int, warps: int, gemma: bool, rewiden: bool) -> dict:
-    cubin = compile_backward(rows, cols, warps, gemma, rewiden).asm["cubin"]
+def measure(pass_name: str, rows: int, cols: int, warps: int, gemma: bool, rewiden: bool) -> dict:
+    cubin = compile_whole_row(pass_name, rows, cols, warps, gemma, rewiden).asm["cubin"]
     usage = _cuobjdump(cubin, "--dump-resource-usage")
     loop = row_loop(_cuobjdump(cubin, "-sass"))
     count = lambda opcode: sum(1 for text in loop if re.search(rf"(^|\s){opcode}(\.\S+)?\s", text + " "))  # noqa: E731
@@ -101,16 +110,18 @@ def measure(rows: int, cols: int, warps: int, gemma: bool, rewiden: bool) -> dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pass", dest="pass_name", choices=("forward", "backward"), default="backward")
     parser.add_argument("--cols", type=int, default=16384)
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--warps", default="8,16,32", help="comma-separated warp counts")
     args = parser.parse_args()
-    print(f"triton {triton.__version__}, sm_90: the backward's whole-row path, {args.rows} x {args.cols} bf16")
-    print("variant  warps  rewiden  registers  stack  row loop: instructions  spill loads  spill stores")
+    where = "row loop" if args.pass_name == "backward" else "  kernel"
+    print(f"triton {triton.__version__}, sm_90: the {args.pass_name}'s whole-row path, {args.rows} x {args.cols} bf16")
+    print(f"variant  warps  rewiden  registers  stack  {where}: instructions  spill loads  spill stores")
     for gemma in (False, True):
         for warps in map(int, args.warps.split(",")):
             for rewiden in (False, True):
-                m = measure(args.rows, args.cols, warps, gemma, rewiden)
+                m = measure(args.pass_name, args.rows, args.cols, warps, gemma, rewiden)
                 print(f"{'gemma' if gemma else 'llama':7s}  {warps:5d}  {str(rewiden):7s}  {m['registers']:9d}  "
                       f"{m['stack']:5d}  {m['loop']:22d}  {m['spill_loads']:11d}  {m['spill_stores']:12d}", flush=True)
 

@@ -28,9 +28,9 @@ WIDTHS = [2**k for k in range(7, 17)]
 ELEMENTS = 2**26
 
 
-def _warps_for(elements: int, choices=(2, 4, 8, 16, 32)) -> list[int]:
-    """Warp counts giving each thread 4 to 64 elements of a block."""
-    return [w for w in choices if 4 <= elements // (32 * w) <= 64]
+def _warps_for(elements: int, choices=(2, 4, 8, 16, 32), most: int = 64) -> list[int]:
+    """Warp counts giving each thread 4 to ``most`` elements of a block."""
+    return [w for w in choices if 4 <= elements // (32 * w) <= most]
 
 
 def forward_candidates(width: int) -> list[Config]:
@@ -41,6 +41,8 @@ def forward_candidates(width: int) -> list[Config]:
             continue
         out += [Config("rows", warps, rows=rows) for warps in _warps_for(tile)]
     if width >= 8192:
+        # a whole row, kept in 16 bits across its sum (Note [Widening again]): 128 elements a thread fit
+        out += [Config("rows", warps, rewiden=True) for warps in _warps_for(width, (8, 16, 32), most=128)]
         for rows, chunk, per_sm, stages in itertools.product((1, 2, 4), (4096, 8192, 16384), (1, 2, 4), (1, 2, 3)):
             if chunk < width and rows * chunk <= 16384:
                 out += [Config("looped", warps, rows=rows, chunk=chunk, programs_per_sm=per_sm, stages=stages)
