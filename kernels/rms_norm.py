@@ -237,7 +237,7 @@ def _rms_norm_backward_kernel(
     ROWS: tl.constexpr,  # rows handled per loop step, as one 2-D block
     BLOCK_SIZE: tl.constexpr,  # the whole row, or one chunk of it (SPLIT)
     NUM_STAGES: tl.constexpr,  # loop iterations whose loads are in flight at once (software pipelining)
-    REWIDEN: tl.constexpr,  # after the row's sum, x and dY widened again from their loaded bits (_widen_again)
+    REWIDEN: tl.constexpr,  # after the row's sum, x widened again from its loaded bits (_widen_again)
 ):
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * rows_per_program
@@ -265,8 +265,7 @@ def _rms_norm_backward_kernel(
         x_start = _row_offsets(rows, L1, L2, X_s0, X_s1, X_s2)
         x_bits = tl.load(X_ptr + x_start[:, None] + cols[None, :] * X_col_stride, mask=mask, other=0.0)
         dy_start = _row_offsets(rows, L1, L2, dY_s0, dY_s1, dY_s2)
-        dy_bits = tl.load(dY_ptr + dy_start[:, None] + cols[None, :] * dY_col_stride, mask=mask, other=0.0)
-        dy = dy_bits.to(COMPUTE)
+        dy = tl.load(dY_ptr + dy_start[:, None] + cols[None, :] * dY_col_stride, mask=mask, other=0.0).to(COMPUTE)
         inv_var = tl.load(inv_var_ptr + rows, mask=row_mask, other=0.0)[:, None]
         normed = x_bits.to(COMPUTE) * inv_var
 
@@ -285,7 +284,6 @@ def _rms_norm_backward_kernel(
             mean_g_normed = tl.sum(g * normed, axis=1) / n_cols
         if REWIDEN:  # the same values, so the same dX
             normed = _widen_again(x_bits, COMPUTE) * inv_var
-            g = _normed_gradient(_widen_again(dy_bits, COMPUTE), w[None, :], x_dtype, GEMMA, COMPUTE)
         dx = inv_var * (g - normed * mean_g_normed[:, None])
         dx_start = _row_offsets(rows, L1, L2, dX_s0, dX_s1, dX_s2)
         if not FIXUP:
@@ -303,18 +301,18 @@ def _widen_again(bits, COMPUTE: tl.constexpr):
     """``bits.to(COMPUTE)`` once more, spelt so that the compiler does not merge it with the first
     widening. Note [Widening again]
 
-        The whole-row paths need a row twice: for its sum, then once the sum is known (the forward
-        x for Y, the backward x and dY for dX). Widened once, the fp32 copies stay live across the
-        sum (4 bytes an element where the loaded bf16 would hold 2) and wide rows spill, compiled
-        for sm_90 by Triton 3.6 (scripts/rms_norm_registers.py): Gemma's backward at 16384 columns
-        15 spill loads a row at 16 warps, the forward at 65536 columns 58 at 32 warps. Loading
-        again does not help: Triton merges the second load with the first. A bf16 value's fp32
-        bits are its own 16 bits shifted up, an exact widening the compiler does not recognise as
-        the first one, so it keeps the 16-bit row live and widens again: no spills in Gemma's
-        backward at 16 or 32 warps, none in the forward at 65536 columns (a whole row in 55
-        registers a thread; W is loaded after the sum, or it spills again). The values are the
-        same, so the bits of Y and dX are too. Other dtypes widen as usual. It does not always help
-        (Gemma's backward at 8 warps, Llama's at 8 and 16 spill more with it): the launch table's
+        The whole-row paths need x twice: for the row's sum, then once the sum is known (for Y, or
+        for dX). Widened once, its fp32 copy stays live across the sum (4 bytes an element where
+        the loaded bf16 would hold 2) and wide rows spill, compiled for sm_90 by Triton 3.6
+        (scripts/rms_norm_registers.py): the backward at 16384 columns and 16 warps 15 spill loads
+        a row (Gemma) and 6 (Llama), the forward at 65536 columns and 32 warps 58. Loading again
+        does not help: Triton merges the second load with the first. A bf16 value's fp32 bits are
+        its own 16 bits shifted up, an exact widening the compiler does not recognise as the first
+        one, so it keeps the 16-bit row live and widens again: no spills in either backward at 16
+        warps, none in the forward (a whole row of 65536 in 55 registers a thread; W is loaded
+        after the sum, or it spills again). Widening dY again as well made Llama's backward spill
+        18 loads a row at 16 warps. The values are the same, so the bits of Y and dX are too. Other dtypes widen as usual. It does
+        not always help (the backward at 8 warps spills more with it): the launch table's
         ``rewiden`` says where it is used, as the tuner measured.
     """
     if bits.dtype == tl.bfloat16 and COMPUTE == tl.float32:
