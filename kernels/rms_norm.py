@@ -311,9 +311,9 @@ def _widen_again(bits, COMPUTE: tl.constexpr):
         one, so it keeps the 16-bit row live and widens again: no spills in either backward at 16
         warps, none in the forward (a whole row of 65536 in 55 registers a thread; W is loaded
         after the sum, or it spills again). Widening dY again as well made Llama's backward spill
-        18 loads a row at 16 warps. The values are the same, so the bits of Y and dX are too. Other dtypes widen as usual. It does
-        not always help (the backward at 8 warps spills more with it): the launch table's
-        ``rewiden`` says where it is used, as the tuner measured.
+        18 loads a row at 16 warps. The values are the same, so the bits of Y and dX are too.
+        Other dtypes widen as usual. It does not always help (the backward at 8 warps spills more
+        with it): the launch table's ``rewiden`` says where it is used, as the tuner measured.
     """
     if bits.dtype == tl.bfloat16 and COMPUTE == tl.float32:
         return (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
