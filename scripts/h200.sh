@@ -207,15 +207,15 @@ for step in "$@"; do
       CUDA_VISIBLE_DEVICES=$(( $(nvidia-smi -L | wc -l) - 1 )) timeout 400 python3 scripts/tune_rms_norm.py --pass backward \
         --out "$OUT/tune-backward.json" > "$OUT/tune-backward.log" 2>&1; wait
       tail -10 "$OUT/tune-forward.log" "$OUT/tune-backward.log";;
-    tune-rewiden)  # the settings that widen again (Note [Widening again]), about 7 min: Gemma's and Llama's
-      for variant in gemma llama; do  # backward at 16384 columns, their forward there, Llama's at 65536
-        timeout 150 python3 scripts/tune_rms_norm.py --pass backward --variant $variant --widths 16384 \
+    tune-rewiden)  # the settings that widen again (Note [Widening again]), at most 9 min: Gemma's and Llama's
+      for variant in gemma llama; do  # backward at 16384 columns, their forward there, Llama's at 65536, 32768
+        timeout 120 python3 scripts/tune_rms_norm.py --pass backward --variant $variant --widths 16384 \
           --out "$OUT/tune-backward-$variant-16384.json" 2>&1 | tail -1
       done
-      timeout 60 python3 scripts/tune_rms_norm.py --pass forward --variant gemma --widths 16384 \
+      timeout 50 python3 scripts/tune_rms_norm.py --pass forward --variant gemma --widths 16384 \
         --out "$OUT/tune-forward-gemma-16384.json" 2>&1 | tail -1
-      timeout 200 python3 scripts/tune_rms_norm.py --pass forward --widths 16384,65536 \
-        --out "$OUT/tune-forward-llama-wide.json" 2>&1 | tail -2;;  # then --merge the files here
+      timeout 250 python3 scripts/tune_rms_norm.py --pass forward --widths 16384,65536,32768 \
+        --out "$OUT/tune-forward-llama-wide.json" 2>&1 | tail -3;;  # each width kept as it ends; --merge here
     host-profile)  # where a call's host time goes (autograd, Triton's launcher, the kernels' Python)
       # the whole log first: head closing a pipe behind tee would cut it at its 20th line
       timeout ${PROFILE_TIMEOUT:-200} python3 scripts/host_profile.py > "$OUT/host-profile-h200.log" 2>&1; head -20 "$OUT/host-profile-h200.log";;
