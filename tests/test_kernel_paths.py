@@ -183,14 +183,21 @@ def test_the_contiguous_shortcut_describes_rows_like_the_general_layout():
 # --- dW's partial rows inside dX (Note [dW's partial rows inside dX]) ------------------------------
 
 
+def _rms_inputs(monkeypatch, device, dtype, rows: int, cols: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """X, dY and a W near 1, seeded; launches sized for 4 program slots (the CPU's: the same
+    programs on a GPU)."""
+    gen = torch.Generator().manual_seed(seed)
+    X, dY = (torch.randn(rows, cols, dtype=dtype, generator=gen).to(device) for _ in range(2))
+    W = (1 + 0.1 * torch.randn(cols, generator=gen)).to(dtype).to(device)
+    monkeypatch.setattr(rms_module, "program_slots", lambda _: 4)
+    return X, dY, W
+
+
 def _backward_twice(monkeypatch, device, dtype, rows, cols, backward: Config):
     """RMSNorm's backward with the partials where the kernels put them, and in a buffer of their
     own: (reserved rows chosen, both results)."""
-    gen = torch.Generator().manual_seed(rows * cols)
-    X, dY = (torch.randn(rows, cols, dtype=dtype, generator=gen).to(device) for _ in range(2))
-    W = (1 + 0.1 * torch.randn(cols, generator=gen)).to(dtype).to(device)
+    X, dY, W = _rms_inputs(monkeypatch, device, dtype, rows, cols, seed=rows * cols)
     _, inv_var = rms_module.forward(X, W, 1e-6, True)
-    monkeypatch.setattr(rms_module, "program_slots", lambda _: 4)  # the CPU's: the same programs on a GPU
     results, chosen = [], []
     real = rms_module._reserved_rows
     for choose in (lambda *args: chosen.append(real(*args)) or chosen[-1], lambda *args: 0):
@@ -223,11 +230,8 @@ def test_partials_inside_dx_give_the_same_bits_as_a_buffer_of_their_own(dtype, c
                                       Config("split", 4, rows=2, chunk=32, programs_per_sm=2)], ids=["rows", "split"])
 def test_a_backward_without_dw_writes_the_same_dx_and_no_partial_rows(backward, device, monkeypatch):
     """A frozen weight (LoRA's norms): no partial rows held, summed or fixed up; dX's bits as with dW."""
-    gen = torch.Generator().manual_seed(5)
-    X, dY = (torch.randn(31, 96, dtype=torch.bfloat16, generator=gen).to(device) for _ in range(2))
-    W = (1 + 0.1 * torch.randn(96, generator=gen)).to(torch.bfloat16).to(device)
+    X, dY, W = _rms_inputs(monkeypatch, device, torch.bfloat16, 31, 96, seed=5)
     _, inv_var = rms_module.forward(X, W, 1e-6, False)
-    monkeypatch.setattr(rms_module, "program_slots", lambda _: 4)
     launched, real_launch = [], rms_module.launch
     monkeypatch.setattr(rms_module, "launch", lambda kernel, *a, **k: launched.append(kernel.fn.__name__)
                         or real_launch(kernel, *a, **k))
@@ -269,7 +273,7 @@ def test_the_backward_holds_no_more_than_dx_and_dw_beyond_its_inputs(rows, cols,
     assert torch.cuda.max_memory_allocated() - before <= (cols * 2 if needs_dW else rows * 4 * (cols == 65536))
 
 
-# --- Widening x and dY again after the row's sum (Note [Widening again]) ----------------------------
+# --- Widening x again after the row's sum (Note [Widening again]) -----------------------------------
 
 
 @triton.jit
@@ -288,11 +292,8 @@ def test_widening_again_gives_every_bf16_value_its_fp32_bits(device):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
 @pytest.mark.parametrize("variant", ["llama", "gemma"])
 def test_widening_again_gives_the_same_bits(dtype, variant, device, monkeypatch):
-    gen = torch.Generator().manual_seed(7)
-    X, dY = (torch.randn(9, 80, generator=gen).to(getattr(torch, dtype)).to(device) for _ in range(2))
-    W = (1 + 0.1 * torch.randn(80, generator=gen)).to(X.dtype).to(device)
+    X, dY, W = _rms_inputs(monkeypatch, device, getattr(torch, dtype), 9, 80, seed=7)
     gemma = variant == "gemma"
-    monkeypatch.setattr(rms_module, "program_slots", lambda _: 4)
     results = []
     for rewiden in (False, True):
         Y, inv_var = rms_module.forward(X, W, 1e-6, gemma, Config("rows", 4, rows=2, rewiden=rewiden))
