@@ -40,7 +40,6 @@ class Config:
     chunk: int = 0  # columns per step of the "looped" and "split" paths
     programs_per_sm: int = 1  # persistent programs ("looped", backward "rows") or row ranges per chunk ("split")
     stages: int = 1  # "looped": steps whose loads are in flight at once (the backward sizes its own)
-    rewiden: bool = False  # "rows": x widened again after the row's sum (Note [Widening again])
 
     @classmethod
     def of(cls, entry: dict, pass_name: str) -> Config:

@@ -73,7 +73,6 @@ def _rms_norm_forward_kernel(
     COMPUTE: tl.constexpr,  # tl.float32, or tl.float64 for float64 inputs
     ROWS: tl.constexpr,  # whole rows per program, as one 2-D block
     BLOCK_SIZE: tl.constexpr,
-    REWIDEN: tl.constexpr,  # after the row's sum, x widened again from its loaded bits, W loaded (_widen_again)
 ):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_mask = rows < n_rows
@@ -83,17 +82,12 @@ def _rms_norm_forward_kernel(
 
     # Load the rows and the weight, upcast: no arithmetic ever happens in bf16/fp16.
     x_start = _row_offsets(rows, L1, L2, X_s0, X_s1, X_s2)
-    x_bits = tl.load(X_ptr + x_start[:, None] + cols[None, :] * X_col_stride, mask=mask, other=0.0)
-    x = x_bits.to(COMPUTE)
-    if not REWIDEN:  # in flight with the rows
-        w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
+    x = tl.load(X_ptr + x_start[:, None] + cols[None, :] * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
+    w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
 
     # Row statistic; padding lanes hold 0 and add nothing to the sum.
     inv_var = _inv_rms(tl.sum(x * x, axis=1), n_cols, eps_hi, eps_lo, COMPUTE)
     tl.store(inv_var_ptr + rows, inv_var, mask=row_mask)
-    if REWIDEN:  # only the 16-bit rows live across the sum: a whole row of 65536 in registers, unspilled
-        x = _widen_again(x_bits, COMPUTE)
-        w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
 
     y = _scaled(x * inv_var[:, None], w[None, :], X_ptr.dtype.element_ty, GEMMA, COMPUTE)
     tl.store(Y_ptr + rows[:, None] * n_cols + cols[None, :], y, mask=mask)
@@ -237,7 +231,6 @@ def _rms_norm_backward_kernel(
     ROWS: tl.constexpr,  # rows handled per loop step, as one 2-D block
     BLOCK_SIZE: tl.constexpr,  # the whole row, or one chunk of it (SPLIT)
     NUM_STAGES: tl.constexpr,  # loop iterations whose loads are in flight at once (software pipelining)
-    REWIDEN: tl.constexpr,  # after the row's sum, x widened again from its loaded bits (_widen_again)
 ):
     pid = tl.program_id(0).to(tl.int64)
     first_row = pid * rows_per_program
@@ -263,11 +256,11 @@ def _rms_norm_backward_kernel(
 
         # Load the rows; masked lanes are 0 so they add nothing to either sum below.
         x_start = _row_offsets(rows, L1, L2, X_s0, X_s1, X_s2)
-        x_bits = tl.load(X_ptr + x_start[:, None] + cols[None, :] * X_col_stride, mask=mask, other=0.0)
+        x = tl.load(X_ptr + x_start[:, None] + cols[None, :] * X_col_stride, mask=mask, other=0.0).to(COMPUTE)
         dy_start = _row_offsets(rows, L1, L2, dY_s0, dY_s1, dY_s2)
         dy = tl.load(dY_ptr + dy_start[:, None] + cols[None, :] * dY_col_stride, mask=mask, other=0.0).to(COMPUTE)
         inv_var = tl.load(inv_var_ptr + rows, mask=row_mask, other=0.0)[:, None]
-        normed = x_bits.to(COMPUTE) * inv_var
+        normed = x * inv_var
 
         # Gradient reaching `normed`, and this step's share of dW, in HF's cast order.
         g = _normed_gradient(dy, w[None, :], x_dtype, GEMMA, COMPUTE)
@@ -282,8 +275,6 @@ def _rms_norm_backward_kernel(
             mean_g_normed = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
         else:
             mean_g_normed = tl.sum(g * normed, axis=1) / n_cols
-        if REWIDEN:  # the same values, so the same dX
-            normed = _widen_again(x_bits, COMPUTE) * inv_var
         dx = inv_var * (g - normed * mean_g_normed[:, None])
         dx_start = _row_offsets(rows, L1, L2, dX_s0, dX_s1, dX_s2)
         if not FIXUP:
@@ -294,30 +285,6 @@ def _rms_norm_backward_kernel(
         partial = _partial_start(pid, rows_per_program, n_rows, n_cols, reserved,
                                  dX_ptr.dtype.element_ty.primitive_bitwidth // 8, COMPUTE.primitive_bitwidth // 8)
         tl.store(dW_partial_ptr + partial + cols, tl.sum(dw, axis=0), mask=col_mask)
-
-
-@triton.jit
-def _widen_again(bits, COMPUTE: tl.constexpr):
-    """``bits.to(COMPUTE)`` once more, spelt so that the compiler does not merge it with the first
-    widening. Note [Widening again]
-
-        The whole-row paths need x twice: for the row's sum, then once the sum is known (for Y, or
-        for dX). Widened once, its fp32 copy stays live across the sum (4 bytes an element where
-        the loaded bf16 would hold 2) and wide rows spill, compiled for sm_90 by Triton 3.6
-        (scripts/rms_norm_registers.py): the backward at 16384 columns and 16 warps 15 spill loads
-        a row (Gemma) and 6 (Llama), the forward at 65536 columns and 32 warps 58. Loading again
-        does not help: Triton merges the second load with the first. A bf16 value's fp32 bits are
-        its own 16 bits shifted up, an exact widening the compiler does not recognise as the first
-        one, so it keeps the 16-bit row live and widens again: no spills in either backward at 16
-        warps, none in the forward (a whole row of 65536 in 55 registers a thread; W is loaded
-        after the sum, or it spills again). Widening dY again as well made Llama's backward spill
-        18 loads a row at 16 warps. The values are the same, so the bits of Y and dX are too.
-        Other dtypes widen as usual. It does not always help (the backward at 8 warps spills more
-        with it): the launch table's ``rewiden`` says where it is used, as the tuner measured.
-    """
-    if bits.dtype == tl.bfloat16 and COMPUTE == tl.float32:
-        return (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    return bits.to(COMPUTE)
 
 
 @triton.jit
@@ -422,7 +389,7 @@ def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,
             launch(
                 _rms_norm_forward_kernel, (cdiv(n_rows, config.rows),),
                 *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], ROWS=config.rows,
-                BLOCK_SIZE=next_power_of_2(n_cols), REWIDEN=config.rewiden, num_warps=config.warps)
+                BLOCK_SIZE=next_power_of_2(n_cols), num_warps=config.warps)
     return Y, inv_var
 
 
@@ -452,8 +419,8 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
     dY_strides, X_strides = layout.strides[1], layout.strides[2]
     args = (dX_rows, *layout.strides[0], dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0), inv_var)
     shape = (n_rows, n_cols, layout.lead[1], layout.lead[2], rows_per_program, reserved)
-    settings = dict(GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], DW=needs_dW, SPLIT=split, REWIDEN=config.rewiden,
-                    ROWS=config.rows, BLOCK_SIZE=block,
+    settings = dict(GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], DW=needs_dW, SPLIT=split, ROWS=config.rows,
+                    BLOCK_SIZE=block,
                     NUM_STAGES=_stages(config.rows * block * (X.element_size() + dY.element_size())),  # X and dY tiles
                     num_warps=config.warps)
     row_dot_args = (*args, *shape)

@@ -6,7 +6,7 @@
 #   bash scripts/h200.sh info tests thorough liger-tests
 #   bash scripts/h200.sh report liger-report bench      # bench: carry liger-kernel's wheel in .whl
 #   bash scripts/h200.sh tune-rms-norm host-profile
-#   bash scripts/h200.sh tune-rewiden                     # the settings that widen again; then --merge here
+#   bash scripts/h200.sh backward-ab                      # carry .whl: RMSNorm's backward against Liger's, ncu too
 #   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # thorough examples, derived vs declared
 #   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
 #   bash scripts/h200.sh unsloth-tests unsloth-report   # .whl holds unsloth and unsloth_zoo 2026.10.9
@@ -207,15 +207,12 @@ for step in "$@"; do
       CUDA_VISIBLE_DEVICES=$(( $(nvidia-smi -L | wc -l) - 1 )) timeout 400 python3 scripts/tune_rms_norm.py --pass backward \
         --out "$OUT/tune-backward.json" > "$OUT/tune-backward.log" 2>&1; wait
       tail -10 "$OUT/tune-forward.log" "$OUT/tune-backward.log";;
-    tune-rewiden)  # the settings that widen again (Note [Widening again]), at most 9 min: Gemma's and Llama's
-      for variant in gemma llama; do  # backward at 16384 columns, their forward there, Llama's at 65536, 32768
-        timeout 120 python3 scripts/tune_rms_norm.py --pass backward --variant $variant --widths 16384 \
-          --out "$OUT/tune-backward-$variant-16384.json" 2>&1 | tail -1
-      done
-      timeout 50 python3 scripts/tune_rms_norm.py --pass forward --variant gemma --widths 16384 \
-        --out "$OUT/tune-forward-gemma-16384.json" 2>&1 | tail -1
-      timeout 250 python3 scripts/tune_rms_norm.py --pass forward --widths 16384,65536,32768 \
-        --out "$OUT/tune-forward-llama-wide.json" 2>&1 | tail -3;;  # each width kept as it ends; --merge here
+    backward-ab)  # RMSNorm's backward against Liger-Kernel's at 4096 x 16384 (.whl holds its wheel): timed, then ncu
+      timeout 150 python3 scripts/rms_norm_backward_ab.py 2>&1 | tee "$OUT/backward-ab-h200.log"
+      timeout 200 ncu --clock-control none -k regex:backward --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        python3 scripts/rms_norm_backward_ab.py --once > "$OUT/backward-ab-ncu-h200.txt" 2>&1
+      grep -E "ran$|Duration|Registers Per|Achieved Occupancy|Memory Throughput" "$OUT/backward-ab-ncu-h200.txt" | head -80;;
     host-profile)  # where a call's host time goes (autograd, Triton's launcher, the kernels' Python)
       # the whole log first: head closing a pipe behind tee would cut it at its 20th line
       timeout ${PROFILE_TIMEOUT:-200} python3 scripts/host_profile.py > "$OUT/host-profile-h200.log" 2>&1; head -20 "$OUT/host-profile-h200.log";;

@@ -27,10 +27,8 @@ def _cases(rms, liger, X, W, dY, gemma: bool):
     cases = [("shipped", lambda: rms.backward(dY, X, W, inv_var, gemma, dX, True))]
     cases.append(("shipped-no-dW", lambda: rms.backward(dY, X, W, inv_var, gemma, dX, False)))
     for warps in (8, 16, 32):
-        for rewiden in (False, True):
-            config = Config("rows", warps, rewiden=rewiden)
-            name = f"rows-{warps}w" + ("-rewiden" if rewiden else "")
-            cases.append((name, lambda c=config: rms.backward(dY, X, W, inv_var, gemma, dX, True, c)))
+        config = Config("rows", warps)
+        cases.append((f"rows-{warps}w", lambda c=config: rms.backward(dY, X, W, inv_var, gemma, dX, True, c)))
     if liger is not None:
         offset, casting = (1.0, "gemma") if gemma else (0.0, "llama")
         _, _, rstd, block, warps, mode = liger.rms_norm_forward(X, W, 1e-6, offset, casting, None)

@@ -46,9 +46,9 @@ def _launch_arguments(rows: int, cols: int) -> dict[str, int]:
                       "rows_per_program": -(-rows // programs), "reserved": 2}
 
 
-def compile_whole_row(pass_name: str, rows: int, cols: int, warps: int, gemma: bool, rewiden: bool):
+def compile_whole_row(pass_name: str, rows: int, cols: int, warps: int, gemma: bool):
     """The "rows" path of ``pass_name`` for one row a program (forward) or a step (backward)."""
-    constexprs = dict(GEMMA=gemma, COMPUTE=tl.float32, REWIDEN=rewiden, ROWS=1, BLOCK_SIZE=triton.next_power_of_2(cols))
+    constexprs = dict(GEMMA=gemma, COMPUTE=tl.float32, ROWS=1, BLOCK_SIZE=triton.next_power_of_2(cols))
     if pass_name == "forward":
         kernel = rms_norm._rms_norm_forward_kernel
     else:
@@ -98,8 +98,8 @@ def row_loop(sass: str) -> list[str]:
     return best or [text for _, text in instructions]
 
 
-def measure(pass_name: str, rows: int, cols: int, warps: int, gemma: bool, rewiden: bool) -> dict:
-    cubin = compile_whole_row(pass_name, rows, cols, warps, gemma, rewiden).asm["cubin"]
+def measure(pass_name: str, rows: int, cols: int, warps: int, gemma: bool) -> dict:
+    cubin = compile_whole_row(pass_name, rows, cols, warps, gemma).asm["cubin"]
     usage = _cuobjdump(cubin, "--dump-resource-usage")
     loop = row_loop(_cuobjdump(cubin, "-sass"))
     count = lambda opcode: sum(1 for text in loop if re.search(rf"(^|\s){opcode}(\.\S+)?\s", text + " "))  # noqa: E731
@@ -117,13 +117,12 @@ def main() -> None:
     args = parser.parse_args()
     where = "row loop" if args.pass_name == "backward" else "  kernel"
     print(f"triton {triton.__version__}, sm_90: the {args.pass_name}'s whole-row path, {args.rows} x {args.cols} bf16")
-    print(f"variant  warps  rewiden  registers  stack  {where}: instructions  spill loads  spill stores")
+    print(f"variant  warps  registers  stack  {where}: instructions  spill loads  spill stores")
     for gemma in (False, True):
         for warps in map(int, args.warps.split(",")):
-            for rewiden in (False, True):
-                m = measure(args.pass_name, args.rows, args.cols, warps, gemma, rewiden)
-                print(f"{'gemma' if gemma else 'llama':7s}  {warps:5d}  {str(rewiden):7s}  {m['registers']:9d}  "
-                      f"{m['stack']:5d}  {m['loop']:22d}  {m['spill_loads']:11d}  {m['spill_stores']:12d}", flush=True)
+            m = measure(args.pass_name, args.rows, args.cols, warps, gemma)
+            print(f"{'gemma' if gemma else 'llama':7s}  {warps:5d}  {m['registers']:9d}  "
+                  f"{m['stack']:5d}  {m['loop']:22d}  {m['spill_loads']:11d}  {m['spill_stores']:12d}", flush=True)
 
 
 if __name__ == "__main__":

@@ -28,9 +28,9 @@ WIDTHS = [2**k for k in range(7, 17)]
 ELEMENTS = 2**26
 
 
-def _warps_for(elements: int, choices=(2, 4, 8, 16, 32), most: int = 64) -> list[int]:
-    """Warp counts giving each thread 4 to ``most`` elements of a block."""
-    return [w for w in choices if 4 <= elements // (32 * w) <= most]
+def _warps_for(elements: int, choices=(2, 4, 8, 16, 32)) -> list[int]:
+    """Warp counts giving each thread 4 to 64 elements of a block."""
+    return [w for w in choices if 4 <= elements // (32 * w) <= 64]
 
 
 def forward_candidates(width: int) -> list[Config]:
@@ -41,8 +41,6 @@ def forward_candidates(width: int) -> list[Config]:
             continue
         out += [Config("rows", warps, rows=rows) for warps in _warps_for(tile)]
     if width >= 8192:
-        # a whole row, kept in 16 bits across its sum (Note [Widening again]): 128 elements a thread fit
-        out += [Config("rows", warps, rewiden=True) for warps in _warps_for(width, (8, 16, 32), most=128)]
         for rows, chunk, per_sm, stages in itertools.product((1, 2, 4), (4096, 8192, 16384), (1, 2, 4), (1, 2, 3)):
             if chunk < width and rows * chunk <= 16384:
                 out += [Config("looped", warps, rows=rows, chunk=chunk, programs_per_sm=per_sm, stages=stages)
@@ -55,8 +53,7 @@ def backward_candidates(width: int) -> list[Config]:
     for tile, per_sm in itertools.product((2048, 4096, 8192, 16384, 32768, 65536), (1, 2, 4)):
         rows = tile // width
         if 1 <= rows <= 64 and not (rows == 1 and tile != width):
-            out += [Config("rows", warps, rows=rows, programs_per_sm=per_sm, rewiden=rewiden)
-                    for warps in _warps_for(tile, (4, 8, 16, 32)) for rewiden in (False, True)[:1 + (width >= 8192)]]
+            out += [Config("rows", warps, rows=rows, programs_per_sm=per_sm) for warps in _warps_for(tile, (4, 8, 16, 32))]
     if width >= 2048:
         for chunk, tile, per_sm in itertools.product((1024, 2048, 4096), (4096, 8192, 16384), (1, 2, 4)):
             if chunk < width and tile >= chunk:

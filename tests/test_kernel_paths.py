@@ -10,8 +10,6 @@ import json
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 import kernels
 from kernels import _launch, _layout
@@ -271,36 +269,6 @@ def test_the_backward_holds_no_more_than_dx_and_dw_beyond_its_inputs(rows, cols,
     torch.cuda.synchronize()
     # dW (a multiple of 512 bytes); without it, the split path's row sums at most
     assert torch.cuda.max_memory_allocated() - before <= (cols * 2 if needs_dW else rows * 4 * (cols == 65536))
-
-
-# --- Widening x again after the row's sum (Note [Widening again]) -----------------------------------
-
-
-@triton.jit
-def _widened_again(bits_ptr, out_ptr, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out_ptr + offsets, rms_module._widen_again(tl.load(bits_ptr + offsets), tl.float32))
-
-
-def test_widening_again_gives_every_bf16_value_its_fp32_bits(device):
-    every = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(device)
-    widened = torch.empty(every.numel(), dtype=torch.float32, device=device)
-    _widened_again[(every.numel() // 1024,)](every, widened, BLOCK=1024)
-    assert torch.equal(widened.view(torch.int32), every.float().view(torch.int32))  # NaNs' payloads too
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
-@pytest.mark.parametrize("variant", ["llama", "gemma"])
-def test_widening_again_gives_the_same_bits(dtype, variant, device, monkeypatch):
-    X, dY, W = _rms_inputs(monkeypatch, device, getattr(torch, dtype), 9, 80, seed=7)
-    gemma = variant == "gemma"
-    results = []
-    for rewiden in (False, True):
-        Y, inv_var = rms_module.forward(X, W, 1e-6, gemma, Config("rows", 4, rows=2, rewiden=rewiden))
-        dX = torch.empty_like(X)
-        dW = rms_module.backward(dY, X, W, inv_var, gemma, dX, True, Config("rows", 4, rows=2, rewiden=rewiden))
-        results.append((Y, inv_var, dX, dW))
-    assert all(map(torch.equal, *results))  # Y, inv_var, dX, dW
 
 
 # --- RoPE: one node, one backward launch ------------------------------------------------------------
