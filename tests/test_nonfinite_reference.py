@@ -15,7 +15,8 @@ from oracle.cases import Case
 from oracle.verdict import Noise, judge
 from oracle.declare import Dim, Op, Tensor
 from oracle.engine import CaseFailed, run_case
-from oracle.declare.implementations import Implementation
+from oracle.declare.implementations import Implementation, load
+from oracle.declare.registry import SPECS
 from oracle.suite.test_contract import DeclarationNote, judged
 
 
@@ -115,3 +116,30 @@ def test_other_non_finite_mismatches_say_which_side_is_non_finite():
     assert "1 element(s) non-finite in k where HF is finite; first at [0]: k=nan h=1 t=1 (k NaN, HF finite)" in reason
     assert "1 element(s) finite in k where HF is non-finite; first at [1]" in reason
     assert "1 element(s) non-finite in k and in HF, but not alike" in reason and "(k -inf, HF +inf)" in reason
+
+
+def test_an_infinity_within_reach_of_the_overflow_threshold_passes():
+    """Where HF overflows, an infinity of the truth's sign passes if a value the per-element judgement
+    allows there rounds to it: the truth -65515.1 is 4.9 short of float16's threshold (65520) where the
+    spacing is 32. +inf and NaN do not pass, nor -inf where the truth is far from the threshold, unless
+    the noise there reaches it."""
+    h = torch.tensor([-math.inf, 1.0], dtype=torch.float16)
+    t = torch.tensor([-65515.1, 1.0], dtype=torch.float64)
+    quiet = Noise(element_noise=torch.zeros(2, dtype=torch.float64))
+    for k, ok in ((-math.inf, True), (-65504.0, True), (math.inf, False), (math.nan, False)):
+        assert judge("dX", torch.tensor([k, 1.0]).half(), h, t, noise=quiet).passed == ok, k
+    far = torch.tensor([-30000.0, 1.0], dtype=torch.float64)
+    assert not judge("dX", h.clone(), h, far, noise=quiet).passed
+    assert judge("dX", h.clone(), h, far, noise=Noise(element_noise=torch.tensor([20000.0, 0.0]))).passed
+
+
+def test_the_case_that_found_it_passes_under_the_kernels(device):
+    """The built-in RMSNorm, float16 dX of tiny rows under large gradients: HF and the kernel give
+    -inf, bit for bit, where the truth is -65515.1 (this verdict failed the kernel before)."""
+    case = Case.from_json('{"dims": {"cols": 4096, "lead": [6, 5]}, "dtype": "float16", "grad_layout": '
+                          '"transposed", "grad_values": "large", "layout": "contiguous", "op": "rms_norm", "params": '
+                          '{"eps": 1e-06, "weight": "same"}, "seed": 2, "values": "tiny", "variant": "llama"}')
+    result = run_case(SPECS["rms_norm"], case, load("kernels"), device)
+    (dx,) = [v for v in result.verdicts if v.name == "dX"]
+    assert result.passed and dx.reference_nonfinite == 1, result.explain()
+    assert dx.reference_worst["index"] == [4, 4, 2754] and dx.reference_worst["k"] == -math.inf, dx.reference_worst
