@@ -39,7 +39,7 @@ class Config:
     rows: int = 1  # rows per program ("rows" forward), swept together ("looped") or per loop step (backward)
     chunk: int = 0  # columns per step of the "looped" and "split" paths
     programs_per_sm: int = 1  # persistent programs ("looped", backward "rows") or row ranges per chunk ("split")
-    stages: int = 1  # "looped": steps whose loads are in flight at once (the backward sizes its own)
+    stages: int = 1  # loop steps whose loads are in flight at once (fewer where their tiles would not fit)
 
     @classmethod
     def of(cls, entry: dict, pass_name: str) -> Config:

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kernels._rms_norm_configs import CONFIG_FILE, SCHEMA, Config
+from kernels.rms_norm import _stages
 
 WIDTHS = [2**k for k in range(7, 17)]
 ELEMENTS = 2**26
@@ -53,11 +54,14 @@ def backward_candidates(width: int) -> list[Config]:
     for tile, per_sm in itertools.product((2048, 4096, 8192, 16384, 32768, 65536), (1, 2, 4)):
         rows = tile // width
         if 1 <= rows <= 64 and not (rows == 1 and tile != width):
-            out += [Config("rows", warps, rows=rows, programs_per_sm=per_sm) for warps in _warps_for(tile, (4, 8, 16, 32))]
+            # pipelined as far as the tiles fit, and not at all (its shared memory is L1's: _stages)
+            out += [Config("rows", warps, rows=rows, programs_per_sm=per_sm, stages=stages)
+                    for warps in _warps_for(tile, (4, 8, 16, 32)) for stages in sorted({_stages(tile * 4), 1})]
     if width >= 2048:
         for chunk, tile, per_sm in itertools.product((1024, 2048, 4096), (4096, 8192, 16384), (1, 2, 4)):
             if chunk < width and tile >= chunk:
-                out += [Config("split", warps, rows=tile // chunk, chunk=chunk, programs_per_sm=per_sm)
+                out += [Config("split", warps, rows=tile // chunk, chunk=chunk, programs_per_sm=per_sm,
+                               stages=_stages(tile * 4))
                         for warps in _warps_for(tile, (4, 8))]
     return out
 

@@ -29,7 +29,7 @@ rope_module = importlib.import_module("kernels.rope")
 # short), each of the split backward's 3 programs a full step of 4 rows and a tail, the row blocks a
 # tail of 3; as many paths as at 35 rows and 300 columns, at half the interpreter's steps.
 PATHS = {
-    "rows x4": (Config("rows", 4, rows=4), Config("rows", 4, rows=8, programs_per_sm=2)),
+    "rows x4": (Config("rows", 4, rows=4), Config("rows", 4, rows=8, programs_per_sm=2, stages=3)),  # pipelined
     "looped / split": (Config("looped", 4, rows=2, chunk=64, programs_per_sm=1, stages=3),
                        Config("split", 4, rows=4, chunk=64, programs_per_sm=3)),
 }
