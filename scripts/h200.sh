@@ -5,7 +5,8 @@
 #   bash scripts/h200.sh startup                          # where the suite's start-up goes (imports, collection, bytecode)
 #   bash scripts/h200.sh info tests thorough liger-tests
 #   bash scripts/h200.sh report liger-report bench      # bench: carry liger-kernel's wheel in .whl
-#   bash scripts/h200.sh tune-rms-norm host-profile
+#   bash scripts/h200.sh tune-rms-norm host-profile       # tune-rms-norm: two GPUs, a pass each
+#   VARIANT=gemma bash scripts/h200.sh tune-backward      # one GPU: the backward's widths (Llama's by default)
 #   bash scripts/h200.sh backward-ab                      # carry .whl: RMSNorm's backward against Liger's, ncu too
 #   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # thorough examples, derived vs declared
 #   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
@@ -201,12 +202,19 @@ for step in "$@"; do
       timeout 300 python3 scripts/gpu_profile.py 2>&1 | tee "$OUT/profile.log";;
     tune)
       timeout 300 python3 scripts/tune.py 2>&1 | tee "$OUT/tune.log";;
-    tune-rms-norm)  # RMSNorm's launch table, one pass per GPU when there are two; merge here with --merge
+    tune-rms-norm)  # RMSNorm's launch table, one pass per GPU (two at least); merge here with --merge
+      if [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then  # both passes on one GPU would time each other's load
+        echo "tune-rms-norm needs two GPUs; on one, run tune-backward (or tune_rms_norm.py --pass forward) alone"
+        continue
+      fi
       CUDA_VISIBLE_DEVICES=0 timeout 400 python3 scripts/tune_rms_norm.py --pass forward --out "$OUT/tune-forward.json" \
         > "$OUT/tune-forward.log" 2>&1 &
       CUDA_VISIBLE_DEVICES=$(( $(nvidia-smi -L | wc -l) - 1 )) timeout 400 python3 scripts/tune_rms_norm.py --pass backward \
         --out "$OUT/tune-backward.json" > "$OUT/tune-backward.log" 2>&1; wait
       tail -10 "$OUT/tune-forward.log" "$OUT/tune-backward.log";;
+    tune-backward)  # RMSNorm's backward at every width on one GPU (VARIANT=gemma for Gemma's), at most 9 min
+      timeout 540 python3 scripts/tune_rms_norm.py --pass backward --variant "${VARIANT:-llama}" \
+        --out "$OUT/tune-backward-${VARIANT:-llama}.json" 2>&1 | tee "$OUT/tune-backward-${VARIANT:-llama}.log" | tail -10;;
     backward-ab)  # RMSNorm's backward against Liger-Kernel's at 4096 x 16384 (.whl holds its wheel): timed, then ncu
       timeout 150 python3 scripts/rms_norm_backward_ab.py 2>&1 | tee "$OUT/backward-ab-h200.log"
       timeout 200 ncu --clock-control none -k regex:backward --section SpeedOfLight --section Occupancy \
