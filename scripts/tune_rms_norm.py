@@ -54,7 +54,8 @@ def backward_candidates(width: int) -> list[Config]:
     for tile, per_sm in itertools.product((2048, 4096, 8192, 16384, 32768, 65536), (1, 2, 4)):
         rows = tile // width
         if 1 <= rows <= 64 and not (rows == 1 and tile != width):
-            # pipelined as far as the tiles fit, and not at all (its shared memory is L1's: _stages)
+            # pipelined as far as the tiles fit (x and dY in bf16: 4 bytes a column), and not at all
+            # (its shared memory is L1's: _stages)
             out += [Config("rows", warps, rows=rows, programs_per_sm=per_sm, stages=stages)
                     for warps in _warps_for(tile, (4, 8, 16, 32)) for stages in sorted({_stages(tile * 4), 1})]
     if width >= 2048:
