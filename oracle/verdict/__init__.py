@@ -469,7 +469,7 @@ def _queue_placement(q: Readback, sides: _Sides, element_noise: torch.Tensor | N
     reference_nonfinite = (h_cls != 0) & (rounded_t_cls == 0) & _narrower_than_its_compute_dtype(sides.k.dtype)
     hf_missed_an_infinity = (h_cls <= 1) & (rounded_t_cls >= 2)
     expected_cls = torch.where(reference_nonfinite, torch.zeros_like(h_cls), h_cls)
-    infinity_of_t = torch.where(sides.t > 0, 2, 3).to(k_cls.dtype)
+    infinity_of_t = _nonfinite_class(torch.where(sides.t > 0, math.inf, -math.inf))
     overflow_allowed = reference_nonfinite & (k_cls == infinity_of_t) & _overflow_within_reach(sides, element_noise)
     mismatch = (k_cls != expected_cls) & ~(hf_missed_an_infinity & (k_cls == rounded_t_cls)) & ~overflow_allowed
     n_mismatch = mismatch.sum()
