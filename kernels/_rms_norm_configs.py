@@ -11,6 +11,8 @@ Two paths per pass:
   forward  "rows":   ROWS whole rows per program, one 2-D block (narrow and medium rows).
            "looped": persistent programs, each a row at a time in CHUNK-wide steps: a first sweep
                      for the row's mean square, a second that re-reads the row (from L2) and writes.
+           "parts":  persistent programs sharing each row, CHUNK columns each, exchanging their shares
+                     of the sum of squares through memory: the row is read once.
   backward "rows":   persistent programs over contiguous row ranges, ROWS whole rows per step; each
                      program sums its dW share in registers.
            "split":  a row's sum(g * normed) first (one small kernel), then a 2-D grid of (row range,
@@ -29,7 +31,7 @@ from ._launch import next_power_of_2
 CONFIG_FILE = Path(__file__).with_name("rms_norm_configs.json")
 SCHEMA = "kernel-oracle/rms-norm-configs/1"
 NARROWEST, WIDEST = 128, 65536  # the measured widths
-PATHS = {"forward": ("rows", "looped"), "backward": ("rows", "split")}
+PATHS = {"forward": ("rows", "looped", "parts"), "backward": ("rows", "split")}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,8 @@ rms_norm_configs.json, written by scripts/tune_rms_norm.py on the H200):
     forward   "rows":   several whole rows per program where rows are narrow (16 rows of 128).
               "looped": rows too wide for one block (32768 and up) are swept twice in chunks by
                         persistent programs, the second sweep reading the row back from L2.
+              "parts":  programs share a row, each holding its columns from load to store, and
+                        exchange their shares of the sum of squares (Note [A row shared by programs]).
     backward  "rows":   persistent programs over contiguous row ranges, several rows per step.
               "split":  for the widest rows, each row's sum(g * normed) first, then a 2-D grid of
                         (row range, column chunk) programs writes dX and sums dW.
@@ -47,9 +49,10 @@ from ._launcher import launch
 from ._layout import rows_addressable
 from ._library import calls, custom_op, tracing
 from ._rms_norm_configs import Config, lookup
-from ._runtime import launching
+from ._runtime import interpreted, launching
 
 MAX_COLUMNS = 65536  # the contract's widest row (every path could go wider; the specs test up to here)
+PATIENCE = 1 << 16  # polls before a program of the parts forward sums its row's other shares itself
 
 
 @triton.jit
@@ -128,6 +131,74 @@ def _rms_norm_forward_looped_kernel(
             w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
             y = _scaled(x * inv_var[:, None], w[None, :], X_ptr.dtype.element_ty, GEMMA, COMPUTE)
             tl.store(Y_ptr + rows[:, None] * n_cols + cols[None, :], y, mask=mask, eviction_policy="evict_first")
+
+
+# Note [A row shared by programs]
+# At 65536 columns a row does not fit one program's registers, and the looped forward reads it twice
+# (its second sweep mostly from L2: 76-79% of copy on the H200). Here PARTS programs share a row, each
+# holding CHUNK of its columns from the load to the store, so the row is read from HBM once. Each
+# publishes its share of the sum of squares in a word of a zeroed buffer (the value's bits with the
+# sign bit set: a sum of squares never sets it, so a published +0.0 differs from the empty word, and
+# one atomic word needs no ordering against another), waits for the others' words, and adds the
+# PARTS shares in index order. A program that waited PATIENCE polls in vain (a partner not resident
+# yet: the GPU runs a persistent grid's programs together only where they fit; Triton's interpreter
+# runs them one after another) sums the missing shares itself from X, with the same code as their
+# owners: a share's value does not depend on who computed it, so the bits do not depend on timing.
+@triton.jit
+def _part_columns(part, n_cols, CHUNK: tl.constexpr):
+    cols = part * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
+    return cols, cols < n_cols
+
+
+@triton.jit
+def _share_of_squares(x_row, X_col_stride, part, n_cols, CHUNK: tl.constexpr, COMPUTE: tl.constexpr):
+    cols, col_mask = _part_columns(part, n_cols, CHUNK)
+    x = tl.load(x_row + cols * X_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
+    return tl.sum(x * x), x
+
+
+@triton.jit
+def _rms_norm_forward_parts_kernel(
+    Y_ptr, X_ptr, X_s0, X_s1, X_s2, X_col_stride, W_ptr, W_col_stride, inv_var_ptr,  # as above
+    n_rows, n_cols, L1, L2, eps_hi, eps_lo,
+    words_ptr,  # (n_rows, PARTS) zeroed, int32 (int64 for fp64): each share's bits once published
+    GEMMA: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    PARTS: tl.constexpr,  # programs per row (the grid is a multiple of it)
+    CHUNK: tl.constexpr,  # columns per program
+    PATIENCE: tl.constexpr,  # polls for the other shares before summing them from X
+):
+    part = tl.program_id(0) % PARTS
+    WORD: tl.constexpr = tl.int64 if COMPUTE == tl.float64 else tl.int32
+    SIGN: tl.constexpr = -(2**63) if COMPUTE == tl.float64 else -(2**31)
+    for r in tl.range(tl.program_id(0) // PARTS, n_rows, tl.num_programs(0) // PARTS):
+        row = tl.cast(r, tl.int64)
+        x_row = X_ptr + _row_offsets(row, L1, L2, X_s0, X_s1, X_s2)
+        own, x = _share_of_squares(x_row, X_col_stride, part, n_cols, CHUNK, COMPUTE)
+        words = words_ptr + row * PARTS
+        tl.atomic_xchg(words + part, own.to(WORD, bitcast=True) | SIGN)
+        missing = tl.full((), PARTS - 1, tl.int32)
+        polls = tl.full((), 0, tl.int32)
+        while (missing > 0) & (polls < PATIENCE):
+            missing = 0
+            for j in tl.static_range(PARTS):
+                missing += (tl.atomic_add(words + j, 0) == 0).to(tl.int32)
+            polls += 1
+        total = tl.zeros((), COMPUTE)
+        for j in tl.range(0, PARTS):  # not unrolled: j is a run-time value as `part` is, so a share summed
+            word = tl.atomic_add(words + j, 0)  # here is laid out, and so reduced, as its owner's was
+            if word != 0:
+                share = (word & ~SIGN).to(COMPUTE, bitcast=True)
+            else:
+                share, _ = _share_of_squares(x_row, X_col_stride, j, n_cols, CHUNK, COMPUTE)
+            total += share
+        inv_var = _inv_rms(total, n_cols, eps_hi, eps_lo, COMPUTE)
+        if part == 0:
+            tl.store(inv_var_ptr + row, inv_var)
+        cols, col_mask = _part_columns(part, n_cols, CHUNK)
+        w = tl.load(W_ptr + cols * W_col_stride, mask=col_mask, other=0.0).to(COMPUTE)
+        y = _scaled(x * inv_var, w, X_ptr.dtype.element_ty, GEMMA, COMPUTE)
+        tl.store(Y_ptr + row * n_cols + cols, y, mask=col_mask)
 
 
 @triton.jit
@@ -382,7 +453,16 @@ def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,
     args = (Y, X_rows, *layout.strides[0], W, W.stride(0), inv_var, n_rows, n_cols, layout.lead[1], layout.lead[2],
             eps_hi, eps_lo)
     with launching():
-        if config.path == "looped":
+        if config.path == "parts":
+            parts = cdiv(n_cols, config.chunk)
+            words = torch.zeros(n_rows, parts, device=X.device,
+                                dtype=torch.int64 if compute == torch.float64 else torch.int32)
+            launch(
+                _rms_norm_forward_parts_kernel,
+                (parts * max(1, min(n_rows, config.programs_per_sm * slots // parts)),),
+                *args, words, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], PARTS=parts, CHUNK=config.chunk,
+                PATIENCE=min(PATIENCE, 1) if interpreted() else PATIENCE, num_warps=config.warps)
+        elif config.path == "looped":
             launch(
                 _rms_norm_forward_looped_kernel, (min(cdiv(n_rows, config.rows), config.programs_per_sm * slots),),
                 *args, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], ROWS=config.rows, CHUNK=config.chunk,

@@ -7,6 +7,8 @@
 #   bash scripts/h200.sh report liger-report bench      # bench: carry liger-kernel's wheel in .whl
 #   bash scripts/h200.sh tune-rms-norm host-profile       # tune-rms-norm: two GPUs, a pass each
 #   VARIANT=gemma bash scripts/h200.sh tune-backward      # one GPU: the backward's widths (Llama's by default)
+#   bash scripts/h200.sh tune-parts                       # the forward at 65536/32768 columns, programs sharing a row
+#   bash scripts/h200.sh rope-group                       # RoPE's heads per program against compile's
 #   bash scripts/h200.sh backward-ab                      # carry .whl: RMSNorm's backward against Liger's, ncu too
 #   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # thorough examples, derived vs declared
 #   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
@@ -215,6 +217,13 @@ for step in "$@"; do
     tune-backward)  # RMSNorm's backward at every width on one GPU (VARIANT=gemma for Gemma's), at most 9 min
       timeout 540 python3 scripts/tune_rms_norm.py --pass backward --variant "${VARIANT:-llama}" \
         --out "$OUT/tune-backward-${VARIANT:-llama}.json" 2>&1 | tee "$OUT/tune-backward-${VARIANT:-llama}.log" | tail -10;;
+    tune-parts)  # RMSNorm's forward at 65536 and 32768 columns with the parts path's settings, Llama then Gemma
+      timeout ${PARTS_TIMEOUT:-150} python3 scripts/tune_rms_norm.py --pass forward --widths 65536,32768 \
+        --out "$OUT/tune-forward-llama-parts.json" 2>&1 | tee "$OUT/tune-forward-llama-parts.log" | tail -2
+      timeout ${PARTS_TIMEOUT:-150} python3 scripts/tune_rms_norm.py --pass forward --variant gemma --widths 65536 \
+        --out "$OUT/tune-forward-gemma-parts.json" 2>&1 | tee "$OUT/tune-forward-gemma-parts.log" | tail -1;;
+    rope-group)  # RoPE's heads per program against compile's forward+backward (scripts/rope_group_ab.py)
+      timeout ${ROPE_GROUP_TIMEOUT:-200} python3 scripts/rope_group_ab.py 2>&1 | tee "$OUT/rope-group-h200.log";;
     backward-ab)  # RMSNorm's backward against Liger-Kernel's at 4096 x 16384 (.whl holds its wheel): timed, then ncu
       timeout 150 python3 scripts/rms_norm_backward_ab.py 2>&1 | tee "$OUT/backward-ab-h200.log"
       timeout 200 ncu --clock-control none -k regex:backward --section SpeedOfLight --section Occupancy \

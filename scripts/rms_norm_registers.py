@@ -2,6 +2,7 @@
 
     python scripts/rms_norm_registers.py [--pass backward] [--cols 16384] [--rows 4096] [--warps 8,16,32]
     python scripts/rms_norm_registers.py --pass forward --cols 65536 --rows 1024 --warps 16,32
+    python scripts/rms_norm_registers.py --pass parts --cols 65536 --rows 1024 --chunk 8192 --warps 4,8,16
 
 Each setting is compiled with the specialisation a contiguous (rows, cols) bf16 launch gets (integer
 arguments equal to 1 become constants, multiples of 16 carry their divisibility), then
@@ -46,11 +47,16 @@ def _launch_arguments(rows: int, cols: int) -> dict[str, int]:
                       "rows_per_program": -(-rows // programs), "reserved": 2}
 
 
-def compile_whole_row(pass_name: str, rows: int, cols: int, warps: int, gemma: bool):
-    """The "rows" path of ``pass_name`` for one row a program (forward) or a step (backward)."""
+def compile_whole_row(pass_name: str, rows: int, cols: int, warps: int, gemma: bool, chunk: int = 0):
+    """The "rows" path of ``pass_name`` for one row a program (forward) or a step (backward); for "parts",
+    the forward whose programs share a row, ``chunk`` columns each (Note [A row shared by programs])."""
     constexprs = dict(GEMMA=gemma, COMPUTE=tl.float32, ROWS=1, BLOCK_SIZE=triton.next_power_of_2(cols))
     if pass_name == "forward":
         kernel = rms_norm._rms_norm_forward_kernel
+    elif pass_name == "parts":
+        kernel = rms_norm._rms_norm_forward_parts_kernel
+        constexprs = dict(GEMMA=gemma, COMPUTE=tl.float32, PARTS=-(-cols // chunk), CHUNK=chunk,
+                          PATIENCE=rms_norm.PATIENCE)
     else:
         kernel = rms_norm._rms_norm_backward_kernel
         constexprs |= dict(FIXUP=False, DW=True, SPLIT=False, NUM_STAGES=1)
@@ -61,6 +67,8 @@ def compile_whole_row(pass_name: str, rows: int, cols: int, warps: int, gemma: b
             signature[name] = "constexpr"
         elif name.startswith("eps"):
             signature[name] = "fp32"
+        elif name == "words_ptr":
+            signature[name] = "*i32"
         elif name.endswith("_ptr"):
             signature[name] = "*fp32" if name in FP32_POINTERS else "*bf16"
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -98,8 +106,8 @@ def row_loop(sass: str) -> list[str]:
     return best or [text for _, text in instructions]
 
 
-def measure(pass_name: str, rows: int, cols: int, warps: int, gemma: bool) -> dict:
-    cubin = compile_whole_row(pass_name, rows, cols, warps, gemma).asm["cubin"]
+def measure(pass_name: str, rows: int, cols: int, warps: int, gemma: bool, chunk: int = 0) -> dict:
+    cubin = compile_whole_row(pass_name, rows, cols, warps, gemma, chunk).asm["cubin"]
     usage = _cuobjdump(cubin, "--dump-resource-usage")
     loop = row_loop(_cuobjdump(cubin, "-sass"))
     count = lambda opcode: sum(1 for text in loop if re.search(rf"(^|\s){opcode}(\.\S+)?\s", text + " "))  # noqa: E731
@@ -110,17 +118,20 @@ def measure(pass_name: str, rows: int, cols: int, warps: int, gemma: bool) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pass", dest="pass_name", choices=("forward", "backward"), default="backward")
+    parser.add_argument("--pass", dest="pass_name", choices=("forward", "backward", "parts"), default="backward")
+    parser.add_argument("--chunk", type=int, default=16384, help="columns per program (--pass parts)")
     parser.add_argument("--cols", type=int, default=16384)
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--warps", default="8,16,32", help="comma-separated warp counts")
     args = parser.parse_args()
-    where = "row loop" if args.pass_name == "backward" else "  kernel"
-    print(f"triton {triton.__version__}, sm_90: the {args.pass_name}'s whole-row path, {args.rows} x {args.cols} bf16")
+    where = "  kernel" if args.pass_name == "forward" else "row loop"
+    path = f"parts path, {args.chunk} columns a program" if args.pass_name == "parts" else \
+        f"{args.pass_name}'s whole-row path"
+    print(f"triton {triton.__version__}, sm_90: the {path}, {args.rows} x {args.cols} bf16")
     print(f"variant  warps  registers  stack  {where}: instructions  spill loads  spill stores")
     for gemma in (False, True):
         for warps in map(int, args.warps.split(",")):
-            m = measure(args.pass_name, args.rows, args.cols, warps, gemma)
+            m = measure(args.pass_name, args.rows, args.cols, warps, gemma, args.chunk)
             print(f"{'gemma' if gemma else 'llama':7s}  {warps:5d}  {m['registers']:9d}  "
                   f"{m['stack']:5d}  {m['loop']:22d}  {m['spill_loads']:11d}  {m['spill_stores']:12d}", flush=True)
 

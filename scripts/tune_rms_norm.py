@@ -34,6 +34,14 @@ def _warps_for(elements: int, choices=(2, 4, 8, 16, 32)) -> list[int]:
     return [w for w in choices if 4 <= elements // (32 * w) <= 64]
 
 
+def _parts_resident(chunk: int, warps: int) -> int:
+    """Programs of the parts forward one SM holds at once, by its 64 Ki registers: about twice a thread's
+    share of the columns plus 30 (``scripts/rms_norm_registers.py --pass parts`` with Triton 3.6: 98
+    registers at 8192 columns and 8 warps, 47 at 4096 and 8, 99 at 16384 and 16)."""
+    registers = min(255, 2 * chunk // (32 * warps) + 30)
+    return 65536 // (registers * 32 * warps)
+
+
 def forward_candidates(width: int) -> list[Config]:
     out = []
     for tile in (1024, 2048, 4096, 8192, 16384, 65536):
@@ -46,6 +54,13 @@ def forward_candidates(width: int) -> list[Config]:
             if chunk < width and rows * chunk <= 16384:
                 out += [Config("looped", warps, rows=rows, chunk=chunk, programs_per_sm=per_sm, stages=stages)
                         for warps in _warps_for(rows * chunk, (8, 16, 32))]
+        # programs sharing a row (Note [A row shared by programs]): 2 to 16 of them, only as many per SM
+        # as its registers hold at once (a program not resident leaves its partners polling until their
+        # patience ends: right, and slow)
+        for chunk, per_sm in itertools.product((4096, 8192, 16384, 32768), (1, 2, 4, 8)):
+            if 2 <= width // chunk <= 16:
+                out += [Config("parts", warps, chunk=chunk, programs_per_sm=per_sm)
+                        for warps in _warps_for(chunk, (4, 8, 16, 32)) if per_sm <= _parts_resident(chunk, warps)]
     return out
 
 

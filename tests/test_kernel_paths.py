@@ -32,6 +32,8 @@ PATHS = {
     "rows x4": (Config("rows", 4, rows=4), Config("rows", 4, rows=8, programs_per_sm=2, stages=3)),  # pipelined
     "looped / split": (Config("looped", 4, rows=2, chunk=64, programs_per_sm=1, stages=3),
                        Config("split", 4, rows=4, chunk=64, programs_per_sm=3)),
+    # 4 programs share each row (64 x 4 >= 200 columns), 1 row group at a time per 4 slots
+    "parts / rows": (Config("parts", 4, chunk=64, programs_per_sm=1), Config("rows", 4, rows=4)),
 }
 
 
@@ -71,6 +73,48 @@ def test_a_forced_path_really_runs(device, monkeypatch):
         launched.clear()
         torch.autograd.grad(kernels.rms_norm(X, W, 1e-6), (X, W), torch.randn(9, 300, device=device))
         assert launched[:1] == expected, path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("gemma", [False, True])
+def test_the_parts_forward_gives_the_same_bits_whoever_sums_a_share(dtype, gemma, device, monkeypatch):
+    """Note [A row shared by programs]: with PATIENCE 0 every program sums its partners' shares from X
+    itself; with patience the later programs read the shares their partners published (Triton's
+    interpreter runs the programs in turn, so both happen in one launch there; on a GPU partners mostly
+    publish in time). The two give the same Y and 1/rms, bit for bit, as they must for the bits not to
+    depend on timing, and the launch does what the row-block forward does within the verdict's bound
+    (test_every_rms_norm_path_passes_the_verdict)."""
+    X, _, W = _rms_inputs(monkeypatch, device, dtype, rows=11, cols=300, seed=7)
+    X[3, 150:] = 0  # a row whose last shares are +0.0
+    parts = Config("parts", 4, chunk=128, programs_per_sm=2)  # 3 programs a row, 2 row groups at once
+    published = rms_module.forward(X, W, 1e-6, gemma, parts)
+    monkeypatch.setattr(rms_module, "PATIENCE", 0)
+    summed_alone = rms_module.forward(X, W, 1e-6, gemma, parts)
+    for mine, theirs in zip(published, summed_alone):
+        assert torch.equal(mine, theirs)
+    reference = rms_module.forward(X, W, 1e-6, gemma, Config("rows", 4, rows=1))
+    torch.testing.assert_close(published[1], reference[1], rtol=4 * torch.finfo(published[1].dtype).eps, atol=0)
+
+
+def test_the_parts_forward_launches_programs_in_whole_rows(device, monkeypatch):
+    """The grid is a multiple of the programs a row takes (a partial group would wait for a partner that
+    is never launched), and the words are zeroed before each launch."""
+    X, _, W = _rms_inputs(monkeypatch, device, torch.float32, rows=5, cols=300, seed=1)
+    grids, words = [], []
+    original = rms_module.launch
+
+    def recording(kernel, grid, *args, **kwargs):
+        if kernel is rms_module._rms_norm_forward_parts_kernel:
+            grids.append((grid, kwargs["PARTS"]))
+            words.append(args[-1].clone())
+        return original(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(rms_module, "launch", recording)
+    for per_sm in (1, 2, 7):
+        rms_module.forward(X, W, 1e-6, False, Config("parts", 4, chunk=128, programs_per_sm=per_sm))
+    # 4 slots: 4 // 3 = 1 row group, 8 // 3 = 2, 28 // 3 = 9 capped at the 5 rows
+    assert grids == [((3,), 3), ((6,), 3), ((15,), 3)]
+    assert all(w.shape == (5, 3) and w.dtype == torch.int32 and not w.any() for w in words)
 
 
 # --- the launch table ------------------------------------------------------------------------------
