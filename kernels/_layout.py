@@ -4,6 +4,12 @@ Row kernels take each tensor's strides instead of demanding contiguous memory, s
 sliced and stride-0 (expanded) tensors are read in place without a copy. Leading dimensions are
 merged where every tensor allows it; the kernels address up to three leading dimensions
 (row -> i0, i1, i2), which covers a row-major batch, a transposed pair and a sliced third.
+
+The groups fill (L0, L1, L2) from the front and the sizes left over are 1: Triton compiles an
+integer argument equal to 1 as a constant, so the kernels' divisions by L1 and L2 (64-bit, on
+every row's path) fold away for the groups that are not there. Contiguous tensors, one group,
+address a row as ``row * s0`` with no division at all (RMSNorm's narrow backward lost about a third
+of its row loop's instructions: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ def row_layout(*tensors: torch.Tensor) -> RowLayout | None:
     groups = _merge_leading(shape, [s[:-1] for s in strides])
     if len(groups) > MAX_LEADING:
         return None
-    groups = [(1, [0] * len(tensors))] * (MAX_LEADING - len(groups)) + groups
+    groups = groups + [(1, [0] * len(tensors))] * (MAX_LEADING - len(groups))  # absent groups last: L = 1
     lead = tuple(size for size, _ in groups)
     per_tensor = tuple(
         (groups[0][1][i], groups[1][1][i], groups[2][1][i], strides[i][-1]) for i in range(len(tensors))
@@ -73,4 +79,4 @@ def rows_addressable(*tensors: torch.Tensor) -> tuple[RowLayout, tuple[torch.Ten
 def _contiguous_layout(shape: torch.Size, n_tensors: int) -> RowLayout:
     n_cols = shape[-1] if shape else 1
     n_rows = math.prod(shape[:-1])
-    return RowLayout(lead=(1, 1, n_rows), strides=((0, 0, n_cols, 1),) * n_tensors)
+    return RowLayout(lead=(n_rows, 1, 1), strides=((n_cols, 0, 0, 1),) * n_tensors)

@@ -222,6 +222,30 @@ def test_the_contiguous_shortcut_describes_rows_like_the_general_layout():
             assert addresses == [r * shape[-1] for r in range(layout.n_rows)] and sc == 1
 
 
+def _row_addresses(layout: _layout.RowLayout, tensor: int = 0) -> list[int]:
+    """Each row's first element, as _row_offsets computes it from the layout."""
+    _, L1, L2 = layout.lead
+    s0, s1, s2, _ = layout.strides[tensor]
+    return [(r // L2 // L1) * s0 + (r // L2 % L1) * s1 + (r % L2) * s2 for r in range(layout.n_rows)]
+
+
+def test_absent_leading_groups_are_ones_at_the_end_so_the_kernels_divide_by_constants():
+    """Triton compiles an integer argument equal to 1 as a constant: with the absent groups' sizes last,
+    a contiguous launch's row address needs no division (L1 = L2 = 1), a transposed pair's one (L2 = 1)."""
+    base = torch.arange(4 * 6 * 8).reshape(4, 6, 8)
+    pair = base.transpose(0, 1)  # (6, 4, 8): two leading groups that cannot merge
+    triple = torch.arange(3 * 4 * 6 * 8).reshape(3, 4, 6, 8).permute(1, 0, 2, 3)[:, :, ::2]  # three
+    contiguous = base.reshape(24, 8)
+    for tensor, ones in ((contiguous, 2), (base, 2), (pair, 1), (triple, 0)):
+        layouts = [_layout.row_layout(tensor)]
+        if tensor.is_contiguous():
+            layouts.append(_layout.rows_addressable(tensor)[0])
+        for layout in layouts:
+            assert layout.lead[3 - ones:] == (1,) * ones and 1 not in layout.lead[:3 - ones], (tensor.shape, layout)
+            first_elements = tensor.reshape(-1, tensor.shape[-1])[:, 0].tolist()  # the storage index of each row
+            assert _row_addresses(layout) == first_elements, (tensor.shape, layout)
+
+
 # --- dW's partial rows inside dX (Note [dW's partial rows inside dX]) ------------------------------
 
 
