@@ -9,6 +9,7 @@
 #   VARIANT=gemma bash scripts/h200.sh tune-backward      # one GPU: the backward's widths (Llama's by default)
 #   bash scripts/h200.sh tune-parts                       # the forward at 65536/32768 columns, programs sharing a row
 #   bash scripts/h200.sh rope-group                       # RoPE's heads per program against compile's
+#   bash scripts/h200.sh backward-floor                   # RMSNorm's backward rung by rung, from a copy to the kernel
 #   bash scripts/h200.sh backward-ab                      # carry .whl: RMSNorm's backward against Liger's, ncu too
 #   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # thorough examples, derived vs declared
 #   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
@@ -222,6 +223,8 @@ for step in "$@"; do
         --out "$OUT/tune-forward-llama-parts.json" 2>&1 | tee "$OUT/tune-forward-llama-parts.log" | tail -2
       timeout ${PARTS_TIMEOUT:-150} python3 scripts/tune_rms_norm.py --pass forward --variant gemma --widths 65536 \
         --out "$OUT/tune-forward-gemma-parts.json" 2>&1 | tee "$OUT/tune-forward-gemma-parts.log" | tail -1;;
+    backward-floor)  # RMSNorm's backward rung by rung from a copy to the shipped kernel (scripts/backward_floor.py)
+      timeout ${FLOOR_TIMEOUT:-150} python3 scripts/backward_floor.py 2>&1 | tee "$OUT/backward-floor-h200.log";;
     rope-group)  # RoPE's heads per program against compile's forward+backward (scripts/rope_group_ab.py)
       timeout ${ROPE_GROUP_TIMEOUT:-200} python3 scripts/rope_group_ab.py 2>&1 | tee "$OUT/rope-group-h200.log";;
     backward-ab)  # RMSNorm's backward against Liger-Kernel's at 4096 x 16384 (.whl holds its wheel): timed, then ncu
