@@ -517,8 +517,7 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
         dW = None
         if needs_dW:
             dW = torch.empty_like(W, memory_format=torch.contiguous_format)
-            launch(_sum_partials_kernel, (cdiv(n_cols, 64),), dW, dW_partial, programs, n_cols, n_rows,
-                   rows_per_program, reserved, DX_BYTES=dX.element_size(), PARTIALS=32, BLOCK_SIZE=64)
+            sum_partials(dW, dW_partial, programs, n_rows, rows_per_program, reserved, dX.element_size())
         if reserved and split:  # (the fix-ups' mean_ptr is unread: inv_var stands in)
             launch(_rms_norm_row_dot_kernel, (programs * reserved,), inv_var, *row_dot_args, FIXUP=True,
                    **row_dot_settings)
@@ -526,6 +525,15 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
             launch(_rms_norm_backward_kernel, (programs, chunks), *args, inv_var, dW_partial, *shape, FIXUP=True,
                    **settings)
     return dW
+
+
+def sum_partials(dW: torch.Tensor, partials: torch.Tensor, programs: int, n_rows: int, rows_per_program: int,
+                 reserved: int, dx_bytes: int) -> None:
+    """dW = the sum of the backward programs' partial rows, where _partial_start puts them (a launch of its
+    own: scripts/backward_floor.py times it alone)."""
+    n_cols = dW.numel()
+    launch(_sum_partials_kernel, (cdiv(n_cols, 64),), dW, partials, programs, n_cols, n_rows, rows_per_program,
+           reserved, DX_BYTES=dx_bytes, PARTIALS=32, BLOCK_SIZE=64)
 
 
 def _reserved_rows(dX: torch.Tensor, dY: torch.Tensor, n_rows: int, n_cols: int, programs: int,

@@ -14,6 +14,7 @@ the same shape, L2 flushed between calls (triton.testing.do_bench, as the tuner)
                   dX = X + dY, nothing else
     row sum       the same, with each row's sum of dY * X and 1/rms: the backward without W and dW
     no dW         the shipped backward, W needing no gradient
+    dW's sum      the launch that sums the programs' partial rows of dW, alone (the bytes: the partials)
     shipped       the shipped backward with dW (its partial rows' sum and fix-up launches included)
 
     python scripts/backward_floor.py                   # on the GPU: widths 256, 512, 4096, 16384
@@ -83,13 +84,16 @@ def _launch(X: torch.Tensor, gemma: bool) -> tuple[int, int, dict]:
                                                               num_warps=config.warps)
 
 
-def rungs(X: torch.Tensor, dY: torch.Tensor, W: torch.Tensor, gemma: bool) -> tuple[list, torch.Tensor, torch.Tensor]:
-    """(name, bytes moved, call) for each rung in order, 1/rms, and the dX every call writes."""
+def rungs(X: torch.Tensor, dY: torch.Tensor, W: torch.Tensor, gemma: bool) -> tuple[list, dict[str, torch.Tensor]]:
+    """(name, bytes moved, call) for each rung in order, and the tensors they read and write: 1/rms, the
+    dX every call but the sum's writes, the partial rows and the dW it writes."""
     rows, cols = X.shape
     _, inv_var = rms.forward(X, W, 1e-6, gemma)
     tensor_bytes = X.numel() * X.element_size()
     programs, per_program, settings = _launch(X, gemma)
     dX = torch.empty_like(X)
+    partials = torch.randn(programs, cols, device=X.device)  # the partial rows in a buffer of their own
+    dW = torch.empty(cols, device=X.device, dtype=W.dtype)
 
     def stream(row_sum: bool):
         return lambda: _stream_kernel[(programs,)](dX, dY, X, inv_var, rows, cols, per_program, ROW_SUM=row_sum,
@@ -100,25 +104,29 @@ def rungs(X: torch.Tensor, dY: torch.Tensor, W: torch.Tensor, gemma: bool) -> tu
             ("stream", 3 * tensor_bytes, stream(False)),
             ("row sum", 3 * tensor_bytes, stream(True)),
             ("no dW", 3 * tensor_bytes, lambda: rms.backward(dY, X, W, inv_var, gemma, dX, False)),
-            ("shipped", 3 * tensor_bytes, lambda: rms.backward(dY, X, W, inv_var, gemma, dX, True))], inv_var, dX
+            ("dW's sum", partials.numel() * 4, lambda: rms.sum_partials(dW, partials, programs, rows, per_program, 0,
+                                                                       X.element_size())),
+            ("shipped", 3 * tensor_bytes, lambda: rms.backward(dY, X, W, inv_var, gemma, dX, True))], \
+        dict(inv_var=inv_var, dX=dX, partials=partials, dW=dW)
 
 
 def check() -> None:
-    """Each Triton rung's dX against torch's, on a small shape (the interpreter on a CPU)."""
+    """Each Triton rung's output against torch's, on a small shape (the interpreter on a CPU)."""
     torch.manual_seed(0)
     for rows, cols in ((37, 256), (9, 512)):
         X = torch.randn(rows, cols, dtype=torch.bfloat16)
         dY = torch.randn(rows, cols, dtype=torch.bfloat16)
         W = torch.ones(cols, dtype=torch.bfloat16)
-        calls, inv_var, dX = rungs(X, dY, W, False)
-        x, dy, r = X.float(), dY.float(), inv_var[:, None]
-        expected = {"stream": x + dy,
-                    "row sum": r * (dy - x * r * (dy * x * r).mean(dim=1, keepdim=True)),
-                    "no dW": r * (dy - x * r * (dy * x * r).mean(dim=1, keepdim=True))}
+        calls, t = rungs(X, dY, W, False)
+        x, dy, r = X.float(), dY.float(), t["inv_var"][:, None]
+        dx = r * (dy - x * r * (dy * x * r).mean(dim=1, keepdim=True))
+        expected = {"stream": ("dX", x + dy), "row sum": ("dX", dx), "no dW": ("dX", dx),
+                    "dW's sum": ("dW", t["partials"].sum(dim=0))}
         for name, _, call in calls:
             if name in expected:
                 call()
-                torch.testing.assert_close(dX.float(), expected[name].to(torch.bfloat16).float(), rtol=0.02, atol=0.02)
+                output, value = expected[name]
+                torch.testing.assert_close(t[output].float(), value.to(torch.bfloat16).float(), rtol=0.02, atol=0.02)
                 print(f"{rows} x {cols}: {name} ok")
 
 
@@ -154,7 +162,7 @@ def main() -> None:
         dY = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
         W = (1 + 0.1 * torch.randn(cols, device="cuda")).to(torch.bfloat16)
         for variant in args.variants.split(","):
-            calls, _, _ = rungs(X, dY, W, variant == "gemma")
+            calls, _ = rungs(X, dY, W, variant == "gemma")
             line = []
             for name, n_bytes, call in calls:
                 if variant != "llama" and name in ("copy", "add", "stream", "row sum"):
