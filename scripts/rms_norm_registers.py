@@ -10,7 +10,8 @@ arguments equal to 1 become constants, multiples of 16 carry their divisibility)
 ``cuobjdump`` (shipped in Triton's wheel) reads the cubin: registers per thread, the stack (spill
 space), and the instructions with their spill loads (LDL) and stores (STL): in the backward those of
 its loop over a program's rows (each row pays them), in the forward (a row per program) the whole
-kernel's; and the 64-bit integer divisions in its PTX (the row addresses' when a layout needs them). Numbers depend on the Triton version: the H200's (3.6) and CI's (3.9) differ; say which.
+kernel's; and the 64-bit integer divisions in its PTX (the row addresses', where a layout needs
+them). Numbers depend on the Triton version: the H200's (3.6) and CI's (3.9) differ; say which.
 """
 
 from __future__ import annotations
