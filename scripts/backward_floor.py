@@ -35,8 +35,6 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels._launch import device_index, program_slots  # noqa: E402
-from kernels._rms_norm_configs import lookup  # noqa: E402
 
 rms = importlib.import_module("kernels.rms_norm")  # the module (kernels.rms_norm is also the function)
 
@@ -68,20 +66,28 @@ def _stream_kernel(dX_ptr, dY_ptr, X_ptr, inv_var_ptr, n_rows, n_cols, rows_per_
         tl.store(dX_ptr + offsets, dx, mask=mask)
 
 
-def _launch(X: torch.Tensor, gemma: bool) -> tuple[int, int, dict]:
-    """(programs, rows a program, launch settings) as the backward's whole-row path takes them for X."""
-    rows, cols = X.shape
-    slots = program_slots(device_index(X))
-    config = lookup("backward", cols, rows, slots, gemma)
-    if config.path != "rows":
-        raise SystemExit(f"{cols} columns: the table's backward takes the {config.path} path; the ladder "
-                         "follows the whole-row path only")
-    block = triton.next_power_of_2(cols)
-    programs = min(rows, config.programs_per_sm * slots)
-    per_program = triton.cdiv(rows, programs)
-    stages = rms._stages(config.rows * block * 4, config.stages)
-    return triton.cdiv(rows, per_program), per_program, dict(ROWS=config.rows, BLOCK_SIZE=block, NUM_STAGES=stages,
-                                                              num_warps=config.warps)
+def _launch(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.Tensor,
+            gemma: bool) -> tuple[int, int, dict]:
+    """(programs, rows a program, launch settings) of the shipped backward's main launch for these inputs,
+    read from one call of it (so the stream rungs follow whatever the backward decides)."""
+    seen = []
+
+    def recording(kernel, grid, *args, **settings):
+        if kernel is rms._rms_norm_backward_kernel and not settings["FIXUP"]:
+            seen.append((grid, dict(zip(kernel.arg_names, args)), settings))
+        return launch(kernel, grid, *args, **settings)
+
+    launch, rms.launch = rms.launch, recording
+    try:
+        rms.backward(dY, X, W, inv_var, gemma, torch.empty_like(X), True)
+    finally:
+        rms.launch = launch
+    (grid, args, settings), = seen
+    if settings["SPLIT"]:
+        raise SystemExit(f"{X.shape[-1]} columns: the table's backward takes the split path; the ladder follows "
+                         "the whole-row path only")
+    return grid[0], args["rows_per_program"], {name: settings[name] for name in
+                                               ("ROWS", "BLOCK_SIZE", "NUM_STAGES", "num_warps")}
 
 
 def rungs(X: torch.Tensor, dY: torch.Tensor, W: torch.Tensor, gemma: bool) -> tuple[list, dict[str, torch.Tensor]]:
@@ -90,7 +96,7 @@ def rungs(X: torch.Tensor, dY: torch.Tensor, W: torch.Tensor, gemma: bool) -> tu
     rows, cols = X.shape
     _, inv_var = rms.forward(X, W, 1e-6, gemma)
     tensor_bytes = X.numel() * X.element_size()
-    programs, per_program, settings = _launch(X, gemma)
+    programs, per_program, settings = _launch(dY, X, W, inv_var, gemma)
     dX = torch.empty_like(X)
     partials = torch.randn(programs, cols, device=X.device)  # the partial rows in a buffer of their own
     dW = torch.empty(cols, device=X.device, dtype=W.dtype)
