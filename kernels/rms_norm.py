@@ -139,11 +139,12 @@ def _rms_norm_forward_looped_kernel(
 # holding CHUNK of its columns from the load to the store, so the row is read from HBM once. Each
 # publishes its share of the sum of squares in a word of a zeroed buffer (the value's bits with the
 # sign bit set: a sum of squares never sets it, so a published +0.0 differs from the empty word, and
-# one atomic word needs no ordering against another), waits for the others' words, and adds the
-# PARTS shares in index order. A program that waited PATIENCE polls in vain (a partner not resident
-# yet: the GPU runs a persistent grid's programs together only where they fit; Triton's interpreter
-# runs them one after another) sums the missing shares itself from X, with the same code as their
-# owners: a share's value does not depend on who computed it, so the bits do not depend on timing.
+# one atomic word needs no ordering against another), polls all the row's words in one vector atomic
+# until every share is there, and adds the PARTS shares in one fixed tree. A program that polled
+# PATIENCE times in vain (a partner not resident yet: the GPU runs a persistent grid's programs
+# together only where they fit; Triton's interpreter runs them one after another) sums the missing
+# shares itself from X, with the same code as their owners: a share's value does not depend on who
+# computed it, so the bits do not depend on timing.
 @triton.jit
 def _part_columns(part, n_cols, CHUNK: tl.constexpr):
     cols = part * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
@@ -165,33 +166,36 @@ def _rms_norm_forward_parts_kernel(
     GEMMA: tl.constexpr,
     COMPUTE: tl.constexpr,
     PARTS: tl.constexpr,  # programs per row (the grid is a multiple of it)
+    LANES: tl.constexpr,  # PARTS rounded up to a power of two: one lane a share
     CHUNK: tl.constexpr,  # columns per program
     PATIENCE: tl.constexpr,  # polls for the other shares before summing them from X
 ):
     part = tl.program_id(0) % PARTS
     WORD: tl.constexpr = tl.int64 if COMPUTE == tl.float64 else tl.int32
     SIGN: tl.constexpr = -(2**63) if COMPUTE == tl.float64 else -(2**31)
+    lanes = tl.arange(0, LANES)
+    live = lanes < PARTS
+    nothing = tl.zeros([LANES], WORD)
     for r in tl.range(tl.program_id(0) // PARTS, n_rows, tl.num_programs(0) // PARTS):
         row = tl.cast(r, tl.int64)
         x_row = X_ptr + _row_offsets(row, L1, L2, X_s0, X_s1, X_s2)
         own, x = _share_of_squares(x_row, X_col_stride, part, n_cols, CHUNK, COMPUTE)
-        words = words_ptr + row * PARTS
-        tl.atomic_xchg(words + part, own.to(WORD, bitcast=True) | SIGN)
-        missing = tl.full((), PARTS - 1, tl.int32)
+        words = words_ptr + row * PARTS + lanes
+        tl.atomic_xchg(words_ptr + row * PARTS + part, own.to(WORD, bitcast=True) | SIGN)
+        # every word in one vector atomic a poll: the shares' round trips overlap instead of following
+        # one another (a word holds its share's bits, so no order against other memory is needed)
+        seen = tl.where(live, tl.atomic_add(words, nothing, mask=live, sem="relaxed"), SIGN)
         polls = tl.full((), 0, tl.int32)
-        while (missing > 0) & (polls < PATIENCE):
-            missing = 0
-            for j in tl.static_range(PARTS):
-                missing += (tl.atomic_add(words + j, 0) == 0).to(tl.int32)
+        while (tl.max((seen == 0).to(tl.int32)) > 0) & (polls < PATIENCE):
+            seen = tl.where(live, tl.atomic_add(words, nothing, mask=live, sem="relaxed"), SIGN)
             polls += 1
-        total = tl.zeros((), COMPUTE)
-        for j in tl.range(0, PARTS):  # not unrolled: j is a run-time value as `part` is, so a share summed
-            word = tl.atomic_add(words + j, 0)  # here is laid out, and so reduced, as its owner's was
-            if word != 0:
-                share = (word & ~SIGN).to(COMPUTE, bitcast=True)
-            else:
-                share, _ = _share_of_squares(x_row, X_col_stride, j, n_cols, CHUNK, COMPUTE)
-            total += share
+        shares = (seen & ~SIGN).to(COMPUTE, bitcast=True)  # an absent lane reads as a published +0.0
+        if tl.max((seen == 0).to(tl.int32)) > 0:
+            for j in tl.range(0, PARTS):  # not unrolled: j is a run-time value as `part` is, so a share
+                if tl.sum(tl.where(lanes == j, seen, 0)) == 0:  # summed here is laid out as its owner's was
+                    share, _ = _share_of_squares(x_row, X_col_stride, j, n_cols, CHUNK, COMPUTE)
+                    shares = tl.where(lanes == j, share, shares)
+        total = tl.sum(shares)
         inv_var = _inv_rms(total, n_cols, eps_hi, eps_lo, COMPUTE)
         if part == 0:
             tl.store(inv_var_ptr + row, inv_var)
@@ -460,7 +464,8 @@ def forward(X: torch.Tensor, W: torch.Tensor, eps: float, gemma: bool,
             launch(
                 _rms_norm_forward_parts_kernel,
                 (parts * max(1, min(n_rows, config.programs_per_sm * slots // parts)),),
-                *args, words, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], PARTS=parts, CHUNK=config.chunk,
+                *args, words, GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], PARTS=parts, LANES=next_power_of_2(parts),
+                CHUNK=config.chunk,
                 PATIENCE=min(PATIENCE, 1) if interpreted() else PATIENCE, num_warps=config.warps)
         elif config.path == "looped":
             launch(

@@ -65,8 +65,9 @@ def compile_whole_row(pass_name: str, rows: int, cols: int, warps: int, gemma: b
         kernel = rms_norm._rms_norm_forward_kernel
     elif pass_name == "parts":
         kernel = rms_norm._rms_norm_forward_parts_kernel
-        constexprs = dict(GEMMA=gemma, COMPUTE=tl.float32, PARTS=-(-cols // chunk), CHUNK=chunk,
-                          PATIENCE=rms_norm.PATIENCE)
+        parts = -(-cols // chunk)
+        constexprs = dict(GEMMA=gemma, COMPUTE=tl.float32, PARTS=parts, LANES=triton.next_power_of_2(parts),
+                          CHUNK=chunk, PATIENCE=rms_norm.PATIENCE)
     else:
         kernel = rms_norm._rms_norm_backward_kernel
         constexprs |= dict(FIXUP=False, DW=True, SPLIT=False, NUM_STAGES=stages)
