@@ -180,14 +180,14 @@ def _rms_norm_forward_parts_kernel(
         row = tl.cast(r, tl.int64)
         x_row = X_ptr + _row_offsets(row, L1, L2, X_s0, X_s1, X_s2)
         own, x = _share_of_squares(x_row, X_col_stride, part, n_cols, CHUNK, COMPUTE)
-        words = words_ptr + row * PARTS + lanes
-        tl.atomic_xchg(words_ptr + row * PARTS + part, own.to(WORD, bitcast=True) | SIGN)
-        # every word in one vector atomic a poll: the shares' round trips overlap instead of following
-        # one another (a word holds its share's bits, so no order against other memory is needed)
-        seen = tl.where(live, tl.atomic_add(words, nothing, mask=live, sem="relaxed"), SIGN)
+        words = words_ptr + row * PARTS
+        tl.atomic_xchg(words + part, own.to(WORD, bitcast=True) | SIGN)
+        seen = nothing  # no word read yet: one read, then up to PATIENCE more
         polls = tl.full((), 0, tl.int32)
-        while (tl.max((seen == 0).to(tl.int32)) > 0) & (polls < PATIENCE):
-            seen = tl.where(live, tl.atomic_add(words, nothing, mask=live, sem="relaxed"), SIGN)
+        while (tl.max((seen == 0).to(tl.int32)) > 0) & (polls <= PATIENCE):
+            # every word in one vector atomic: the shares' round trips overlap instead of following one
+            # another (a word holds its share's bits, so no order against other memory is needed)
+            seen = tl.where(live, tl.atomic_add(words + lanes, nothing, mask=live, sem="relaxed"), SIGN)
             polls += 1
         shares = (seen & ~SIGN).to(COMPUTE, bitcast=True)  # an absent lane reads as a published +0.0
         if tl.max((seen == 0).to(tl.int32)) > 0:
