@@ -308,6 +308,35 @@ def test_a_backward_without_dw_writes_the_same_dx_and_no_partial_rows(backward, 
     assert torch.equal(dX_with, dX_without)
 
 
+@pytest.mark.parametrize("few, many", [
+    (Config("rows", 4, rows=2, programs_per_sm=1), Config("rows", 4, rows=2, programs_per_sm=2)),
+    (Config("split", 4, rows=2, chunk=32, programs_per_sm=1), Config("split", 4, rows=2, chunk=32, programs_per_sm=6)),
+], ids=["rows", "split"])
+def test_no_dw_lane_adds_more_than_dw_steps_rows_whatever_the_setting(few, many, device, monkeypatch):
+    """Note [dW's serial sums]: 31 rows on 4 slots; ``few`` asks for 4 programs of 8 rows (2 a chunk
+    of 16 on the split path), 4 steps of 2 rows or more. With 2 steps allowed it gets 8 programs of 4
+    rows, the grid ``many`` asks for, and so its bits; without dW its own grid stands."""
+    X, dY, W = _rms_inputs(monkeypatch, device, torch.float32, 31, 96, seed=7)
+    _, inv_var = rms_module.forward(X, W, 1e-6, False)
+    grids, real_launch = [], rms_module.launch
+    monkeypatch.setattr(rms_module, "launch", lambda kernel, grid, *a, **k: (
+        kernel.fn.__name__ == "_rms_norm_backward_kernel" and grids.append(grid)) or real_launch(kernel, grid, *a, **k))
+    monkeypatch.setattr(rms_module, "DW_STEPS", 2)
+
+    def backward(config, needs_dW):
+        grids.clear()
+        dX = torch.empty_like(X)
+        dW = rms_module.backward(dY, X, W, inv_var, False, dX, needs_dW, config)
+        return grids[0][0], dX, dW
+
+    programs, dX, dW = backward(few, True)
+    assert programs == 8
+    _, dX_many, dW_many = backward(many, True)
+    assert torch.equal(dX, dX_many) and torch.equal(dW, dW_many)
+    chunks = 1 if few.path == "rows" else 3
+    assert backward(few, False)[0] == -(-4 // chunks)  # no dW: as few programs as the setting asks for
+
+
 def test_partials_stay_in_a_buffer_of_their_own_where_dx_cannot_lend_its_rows(device):
     X = torch.empty(1024, 256, dtype=torch.bfloat16, device=device)
     reserved = rms_module._reserved_rows
