@@ -236,9 +236,9 @@ for step in "$@"; do
     host-profile)  # where a call's host time goes (autograd, Triton's launcher, the kernels' Python)
       # the whole log first: head closing a pipe behind tee would cut it at its 20th line
       timeout ${PROFILE_TIMEOUT:-200} python3 scripts/host_profile.py > "$OUT/host-profile-h200.log" 2>&1; head -20 "$OUT/host-profile-h200.log";;
-    gate)  # the full sweep, gated against the committed H200 baseline (a new baseline: results.baseline_view of the JSON)
-      timeout 400 python3 -m oracle.report --full --gate --json "$OUT/drift-h200.json" --html "$OUT/drift-h200.html" \
-        2>&1 | tee "$OUT/report-h200.log" | tail -30;;
+    gate)  # the full sweep and the scale grid, as the committed H200 baseline holds them, gated against it
+      timeout ${GATE_TIMEOUT:-560} python3 -m oracle.report --full --scale --gate --json "$OUT/drift-h200.json" \
+        --html "$OUT/drift-h200.html" 2>&1 | tee "$OUT/report-h200.log" | tail -30;;
     position-check)
       timeout 120 python3 -m oracle.bench --position-check 2>&1 | tee "$OUT/position-check-h200.log" | tail -20;;
     scale)  # the full sweep and the scale grid in one run, as a baseline (results.baseline_view of the JSON)
