@@ -257,6 +257,18 @@ def _rms_inputs(monkeypatch, device, dtype, rows: int, cols: int, seed: int) -> 
     return X, dY, W
 
 
+def _record_launches(monkeypatch) -> list[tuple[str, tuple]]:
+    """Every launch RMSNorm's module makes from now on, as (kernel name, grid), launched as usual."""
+    launched, real_launch = [], rms_module.launch
+
+    def recording(kernel, grid, *args, **kwargs):
+        launched.append((kernel.fn.__name__, grid))
+        return real_launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(rms_module, "launch", recording)
+    return launched
+
+
 def _backward_twice(monkeypatch, device, dtype, rows, cols, backward: Config):
     """RMSNorm's backward with the partials where the kernels put them, and in a buffer of their
     own: (reserved rows chosen, both results)."""
@@ -296,15 +308,14 @@ def test_a_backward_without_dw_writes_the_same_dx_and_no_partial_rows(backward, 
     """A frozen weight (LoRA's norms): no partial rows held, summed or fixed up; dX's bits as with dW."""
     X, dY, W = _rms_inputs(monkeypatch, device, torch.bfloat16, 31, 96, seed=5)
     _, inv_var = rms_module.forward(X, W, 1e-6, False)
-    launched, real_launch = [], rms_module.launch
-    monkeypatch.setattr(rms_module, "launch", lambda kernel, *a, **k: launched.append(kernel.fn.__name__)
-                        or real_launch(kernel, *a, **k))
+    launched = _record_launches(monkeypatch)
     dX_with, dX_without = torch.empty_like(X), torch.empty_like(X)
     assert rms_module.backward(dY, X, W, inv_var, False, dX_with, True, backward) is not None
     assert len(launched) == 3 + (backward.path == "split")  # with dW: the partials' sum and a fix-up
     launched.clear()
     assert rms_module.backward(dY, X, W, inv_var, False, dX_without, False, backward) is None
-    assert launched == ["_rms_norm_row_dot_kernel"] * (backward.path == "split") + ["_rms_norm_backward_kernel"]
+    assert [name for name, _ in launched] == \
+        ["_rms_norm_row_dot_kernel"] * (backward.path == "split") + ["_rms_norm_backward_kernel"]
     assert torch.equal(dX_with, dX_without)
 
 
@@ -318,15 +329,14 @@ def test_no_dw_lane_adds_more_than_dw_steps_rows_whatever_the_setting(few, many,
     rows, the grid ``many`` asks for, and so its bits; without dW its own grid stands."""
     X, dY, W = _rms_inputs(monkeypatch, device, torch.float32, 31, 96, seed=7)
     _, inv_var = rms_module.forward(X, W, 1e-6, False)
-    grids, real_launch = [], rms_module.launch
-    monkeypatch.setattr(rms_module, "launch", lambda kernel, grid, *a, **k: (
-        kernel.fn.__name__ == "_rms_norm_backward_kernel" and grids.append(grid)) or real_launch(kernel, grid, *a, **k))
+    launched = _record_launches(monkeypatch)
     monkeypatch.setattr(rms_module, "DW_STEPS", 2)
 
     def backward(config, needs_dW):
-        grids.clear()
+        launched.clear()
         dX = torch.empty_like(X)
         dW = rms_module.backward(dY, X, W, inv_var, False, dX, needs_dW, config)
+        grids = [grid for name, grid in launched if name == "_rms_norm_backward_kernel"]
         return grids[0][0], dX, dW
 
     programs, dX, dW = backward(few, True)
