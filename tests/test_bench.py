@@ -547,6 +547,30 @@ def test_the_gate_refuses_a_baseline_of_another_schema(tmp_path, capsys):
     assert "expected 'kernel-oracle/bench/2'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("platform, card", [
+    ("cuda-NVIDIA-H200", "h200"), ("cuda-NVIDIA-H100-80GB-HBM3", "h100"), ("cuda-NVIDIA-A100-SXM4-80GB", "a100"),
+    ("cuda-NVIDIA-GeForce-RTX-4090", "4090"), ("cuda-Some-GPU", "cuda-some-gpu"), ("cpu-interpreter", "cpu-interpreter"),
+])
+def test_each_card_has_its_own_default_baseline(platform, card):
+    assert bench.default_baseline(platform) == Path("reports") / f"bench-{card}.json"
+
+
+def test_the_gate_finds_the_baseline_of_the_card_it_runs_on(tmp_path, capsys, monkeypatch):
+    """Without --baseline the gate reads reports/bench-<card>.json of this machine's card, and says how to
+    make one where there is none, before the run."""
+    monkeypatch.setattr(bench, "platform_key", lambda: "cuda-NVIDIA-H100-80GB-HBM3")
+    monkeypatch.setattr(bench, "BASELINES", tmp_path)
+    monkeypatch.setattr(bench, "run", lambda **kwargs: pytest.fail("the benchmark ran"))
+    assert main(["--gate"]) == 2
+    err = capsys.readouterr().err
+    assert f"no benchmark of this card to gate against ({tmp_path / 'bench-h100.json'})" in err
+    assert f"--json {tmp_path / 'bench-h100.json'}" in err
+    h200 = _run() | {"environment": {"platform": "cuda-NVIDIA-H200"}}
+    (tmp_path / "bench-h100.json").write_text(json.dumps(h200))  # found, then refused for its card
+    assert main(["--gate"]) == 2
+    assert "measured on cuda-NVIDIA-H200, this machine is cuda-NVIDIA-H100-80GB-HBM3" in capsys.readouterr().err
+
+
 def test_the_gate_refuses_a_baseline_of_another_platform_before_the_run(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench, "run", lambda **kwargs: pytest.fail("the benchmark ran"))
     other = _run() | {"environment": {"platform": "cuda-Some-Other-GPU"}}

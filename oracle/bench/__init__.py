@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -55,7 +56,7 @@ from oracle.bench.workload import Bench, Workload, forget_compiled, randn_cuda
 from oracle.errors import GateRefused  # noqa: F401 - raised here
 
 GATE_MARGIN = 0.10  # a ratio to torch.compile may grow by 10% before the gate fails
-DEFAULT_BASELINE = Path("reports/bench-h200.json")
+BASELINES = Path("reports")  # bench-<card>.json: each card's gate baseline (default_baseline)
 DEFAULT_PLOT = Path("docs/bench-columns.svg")
 DEFAULT_BUDGET_S = 470  # a full run takes minutes; callers give it ~540 s, startup and the last workload included
 
@@ -733,6 +734,21 @@ def _widths(text: str) -> tuple[int, ...]:
     return widths
 
 
+def card_name(platform: str) -> str:
+    """The short name a card's benchmark files carry: 'cuda-NVIDIA-H200' -> 'h200',
+    'cuda-NVIDIA-H100-80GB-HBM3' -> 'h100' (the first word of the GPU's name with a digit in it, after
+    the maker's), the whole platform for anything else."""
+    words = platform.split("-")
+    model = next((word for word in words[2:] if re.search(r"\d", word)), None) if words[0] == "cuda" else None
+    return (model or platform).lower()
+
+
+def default_baseline(platform: str) -> Path:
+    """Where this card's gate baseline is kept: ratios to torch.compile are compared on one card only,
+    so an H100 gates against the H100's run and an H200 against the H200's."""
+    return BASELINES / f"bench-{card_name(platform)}.json"
+
+
 def _load_baseline(path: Path) -> dict:
     baseline = json.loads(path.read_text())
     if baseline.get("schema") != SCHEMA:
@@ -753,7 +769,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-liger", action="store_true", help="leave Liger-Kernel out even if installed")
     parser.add_argument("--gate", action="store_true",
                         help="exit 1 if a GPU-time ratio to torch.compile regressed by >10%% against --baseline")
-    parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE, help="benchmark to gate against")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="benchmark to gate against (default reports/bench-<card>.json for this machine's card: "
+                             "reports/bench-h200.json on an H200, reports/bench-h100.json on an H100)")
     parser.add_argument("--plot", type=Path, default=None, metavar="BENCH_JSON",
                         help="render the column sweep of a stored run as SVG (no GPU needed) and exit")
     parser.add_argument("--out", type=Path, default=None, help=f"where --plot writes (default {DEFAULT_PLOT})")
@@ -787,6 +805,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     baseline = None
     if args.gate:  # before the GPU check and the minutes of the run
+        if args.baseline is None:
+            args.baseline = default_baseline(platform_key())
+            if not args.baseline.exists():
+                print(f"error: no benchmark of this card to gate against ({args.baseline}): store a run there with "
+                      f"--json {args.baseline}, or name one with --baseline", file=sys.stderr)
+                return 2
         try:
             baseline = _load_baseline(args.baseline)
         except (OSError, ValueError) as exc:
