@@ -56,6 +56,7 @@ from ._runtime import interpreted, launching
 MAX_COLUMNS = 65536  # the contract's widest row (every path could go wider; the specs test up to here)
 PATIENCE = 1 << 16  # polls before a program of the parts forward sums its row's other shares itself
 DW_STEPS = 128  # the most rows a backward program's dW lane adds one after another (Note [dW's serial sums])
+LEND_ABOVE = 100  # partial rows lent dX's memory when they would add more than 1/LEND_ABOVE to dX's bytes
 
 
 @triton.jit
@@ -579,7 +580,7 @@ def _reserved_rows(dX: torch.Tensor, dY: torch.Tensor, n_rows: int, n_cols: int,
         rows (DW=False): nothing to hold, sum or fix up.
     """
     compute_bytes, dx_bytes = compute.itemsize, dX.element_size()
-    if programs * n_cols * compute_bytes * 100 <= dX.numel() * dx_bytes:
+    if programs * n_cols * compute_bytes * LEND_ABOVE <= dX.numel() * dx_bytes:
         return 0
     if not dX.is_contiguous() or dX.data_ptr() % compute_bytes or _checks.overlaps(dX, dY):
         return 0
