@@ -3,6 +3,7 @@ host-loop timer, the run's plumbing on stub workloads, the sweep's figure and th
 
 from __future__ import annotations
 
+import gc
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -530,6 +531,45 @@ def test_plot_refuses_what_it_cannot_draw(tmp_path, capsys, make, reason):
     assert main(["--plot", str(make(tmp_path)), "--out", str(out)]) == 2
     assert reason in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_peak_counts_the_calls_own_memory_whoever_collects_cycles(monkeypatch):
+    """Memory a reference cycle of an earlier call holds is collected before the peak's baseline is read,
+    and no collection frees it during the measured call (which took it off the peak but not the baseline)."""
+    memory = {"now": 0, "peak": 0}
+
+    class Block:  # device memory, held as long as its owner
+        def __init__(self, mib):
+            self.mib = mib
+            memory["now"] += mib
+            memory["peak"] = max(memory["peak"], memory["now"])
+
+        def __del__(self):
+            memory["now"] -= self.mib
+
+    def call():  # a 3 MiB temporary, then what an autograd graph kept alive by a cycle holds (2 MiB)
+        churn = [[] for _ in range(50)]  # allocations that set the collector off when it is on
+        del churn
+        Block(3)
+        graph = [Block(2)]
+        graph.append(graph)
+
+    for name, fake in (("synchronize", lambda: None), ("memory_allocated", lambda: memory["now"] * 2**20),
+                       ("reset_peak_memory_stats", lambda: memory.update(peak=memory["now"])),
+                       ("max_memory_allocated", lambda: memory["peak"] * 2**20)):
+        monkeypatch.setattr(torch.cuda, name, fake)
+    thresholds, enabled = gc.get_threshold(), gc.isenabled()
+    gc.collect()
+    gc.enable()
+    gc.set_threshold(1, 1, 1)
+    try:
+        assert bench.peak_mb(call) == 3.0
+        assert gc.isenabled()  # the collector is back on afterwards
+    finally:
+        gc.set_threshold(*thresholds)
+        if not enabled:
+            gc.disable()
+        gc.collect()
 
 
 # --- the command line ---------------------------------------------------------------------------
