@@ -24,11 +24,14 @@ rms_norm_configs.json, written by scripts/tune_rms_norm.py on the H200):
                         exchange their shares of the sum of squares (Note [A row shared by programs]).
     backward  "rows":   persistent programs over contiguous row ranges, several rows per step.
               "split":  for the widest rows, each row's sum(g * normed) first, then a 2-D grid of
-                        (row range, column chunk) programs writes dX and sums dW.
+                        (row range, column chunk) programs writes dX and sums dW. With one row range
+                        the sums wait in dX's last bytes, written by a last launch (Note [The row
+                        sums at dX's end]).
 
 dW is summed in fp32: each program accumulates its rows per row lane and column, reduces the lanes
 once, and writes one partial row; a second small kernel sums the partials in a fixed order and casts
-once to W's dtype. Every order is fixed by the shapes alone: same inputs on the same device, same bits.
+once to W's dtype. Where one row range holds every row, its partial row is dW, rounded once as it is
+stored. Every order is fixed by the shapes alone: same inputs on the same device, same bits.
 However few programs a setting asks for, none sums more than DW_STEPS steps of its rows per lane (Note
 [dW's serial sums]).
 Where the partial rows would add more than 1% to dX's memory, they live in the dX memory of each
@@ -281,6 +284,42 @@ def _row_chunk(x_row, X_col_stride, dy_row, dY_col_stride, W_ptr, W_col_stride, 
     return x * inv_var, _normed_gradient(dy, w, x_dtype, GEMMA, COMPUTE)
 
 
+# Note [The row sums at dX's end]
+# The split backward reads each row's sum(g * normed) / n_cols, computed first, in every column chunk.
+# Where one row range holds every row, its program stores dW itself and nothing else is allocated,
+# so those n_rows sums would be the one buffer beyond what torch.compile holds (its saved rsqrt and
+# dW, like the kernels' inv_var and dW). They are kept in dX's last bytes instead, which the 2-D
+# launch leaves unwritten; afterwards one program reads the last row's sum from there, waits until
+# every thread of it has, and writes the dX those bytes were lent from, with the same arithmetic as
+# the 2-D programs: the bits are those of a buffer of their own. It needs dX contiguous, aligned
+# for the sums, apart from dY (whose rows are read until the end), and the sums within its last row.
+@triton.jit
+def _rms_norm_tail_kernel(
+    dX_ptr,  # contiguous: its last bytes hold mean_ptr's sums until this program writes them
+    dY_ptr, dY_s0, dY_s1, dY_s2, dY_col_stride,
+    X_ptr, X_s0, X_s1, X_s2, X_col_stride,
+    W_ptr, W_col_stride,
+    inv_var_ptr,
+    mean_ptr,  # (n_rows,) COMPUTE, inside dX's memory
+    n_rows, n_cols, L1, L2,
+    first_col,  # the last row's first column whose dX memory holds a sum
+    GEMMA: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    row = tl.cast(n_rows - 1, tl.int64)
+    x_row = X_ptr + _row_offsets(row, L1, L2, X_s0, X_s1, X_s2)
+    dy_row = dY_ptr + _row_offsets(row, L1, L2, dY_s0, dY_s1, dY_s2)
+    inv_var = tl.load(inv_var_ptr + row)
+    mean_g_normed = tl.load(mean_ptr + row)
+    tl.debug_barrier()  # every thread has read the sum before any overwrites its memory
+    for start in tl.range(first_col, n_cols, CHUNK):
+        normed, g = _row_chunk(x_row, X_col_stride, dy_row, dY_col_stride, W_ptr, W_col_stride, inv_var, start,
+                               n_cols, X_ptr.dtype.element_ty, GEMMA, COMPUTE, CHUNK)
+        cols = start + tl.arange(0, CHUNK).to(tl.int64)
+        tl.store(dX_ptr + row * n_cols + cols, inv_var * (g - normed * mean_g_normed), mask=cols < n_cols)
+
+
 @triton.jit
 def _normed_gradient(dy, w, x_dtype: tl.constexpr, GEMMA: tl.constexpr, COMPUTE: tl.constexpr):
     """g, the gradient reaching ``normed`` (Gemma's w is already 1 + W): HF's autograd rounds Llama's
@@ -298,13 +337,16 @@ def _rms_norm_backward_kernel(
     W_ptr, W_col_stride,
     inv_var_ptr,  # saved by forward
     mean_ptr,  # SPLIT only: each row's sum(g * normed) / n_cols, from _rms_norm_row_dot_kernel
-    dW_partial_ptr,  # COMPUTE: one partial row per program, this program's sum of dY * normed (_partial_start)
+    dW_partial_ptr,  # COMPUTE: one partial row per program, this program's sum of dY * normed (_partial_start);
+    # or, where one program's rows are all the rows, dW itself (W's dtype: the store rounds once)
     n_rows, n_cols, L1, L2,
     rows_per_program,  # each program owns rows [pid * rows_per_program, ... + rows_per_program)
     reserved,  # the last rows of each program's range whose dX memory holds its partial row (0: a buffer of its own)
+    dx_stop,  # TAIL only: dX's elements from here on hold every row's mean (Note [The row sums at dX's end])
     GEMMA: tl.constexpr,
     COMPUTE: tl.constexpr,
     FIXUP: tl.constexpr,  # this launch writes only the reserved rows' dX, once dW has been summed
+    TAIL: tl.constexpr,  # SPLIT's row sums are dX's last bytes: no dX written from dx_stop on
     DW: tl.constexpr,  # dW wanted: each program sums its rows' share and writes its partial row
     SPLIT: tl.constexpr,  # columns split over axis 1 of the grid, BLOCK_SIZE each ("split" path)
     ROWS: tl.constexpr,  # rows handled per loop step, as one 2-D block
@@ -358,6 +400,8 @@ def _rms_norm_backward_kernel(
         dx_start = _row_offsets(rows, L1, L2, dX_s0, dX_s1, dX_s2)
         if not FIXUP:
             mask &= (rows < dx_end)[:, None]  # the reserved rows' dX memory holds the partial row
+        if TAIL:
+            mask &= (rows[:, None] * n_cols + cols[None, :]) < dx_stop
         tl.store(dX_ptr + dx_start[:, None] + cols[None, :] * dX_col_stride, dx, mask=mask)
 
     if DW and not FIXUP:
@@ -501,7 +545,12 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
     chunks = cdiv(n_cols, block)
     rows_per_program = _rows_per_program(n_rows, chunks, config, slots, needs_dW)
     programs = cdiv(n_rows, rows_per_program)
-    if needs_dW:
+    dW, tail = None, None
+    if needs_dW and programs == 1:  # one row range: its partial row is dW itself (Note [dW's partial rows inside dX])
+        reserved, dW = 0, torch.empty_like(W, memory_format=torch.contiguous_format)
+        dW_partial = dW
+        tail = _mean_tail(dX, dY, n_rows, n_cols, compute) if split else None
+    elif needs_dW:
         reserved = _reserved_rows(dX, dY, n_rows, n_cols, programs, rows_per_program, compute)
         dW_partial = _partials_in(dX, compute) if reserved else X.new_empty((programs, n_cols), dtype=compute)
     else:  # no partial rows: nothing to hold, sum or fix up
@@ -518,20 +567,24 @@ def backward(dY: torch.Tensor, X: torch.Tensor, W: torch.Tensor, inv_var: torch.
     row_dot_settings = dict(GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], CHUNK=block, num_warps=config.warps)
     with launching():
         if split:
-            mean = torch.empty_like(inv_var)
+            mean = torch.empty_like(inv_var) if tail is None else _partials_in(dX, compute)[-n_rows:]
             launch(_rms_norm_row_dot_kernel, (n_rows,), mean, *row_dot_args, FIXUP=False, **row_dot_settings)
-        launch(_rms_norm_backward_kernel, (programs, chunks), *args, mean, dW_partial, *shape, FIXUP=False, **settings)
-        mean = None  # the split path's row sums: freed before dW takes memory (the fix-up sums its rows again)
-        dW = None
-        if needs_dW:
+        launch(_rms_norm_backward_kernel, (programs, chunks), *args, mean, dW_partial, *shape, tail or 0,
+               FIXUP=False, TAIL=tail is not None, **settings)
+        if tail is not None:  # Note [The row sums at dX's end]
+            launch(_rms_norm_tail_kernel, (1,), dX_rows, dY_rows, *dY_strides, X_rows, *X_strides, W, W.stride(0),
+                   inv_var, mean, n_rows, n_cols, layout.lead[1], layout.lead[2], tail - (n_rows - 1) * n_cols,
+                   GEMMA=gemma, COMPUTE=TL_COMPUTE[compute], CHUNK=block, num_warps=config.warps)
+        mean = None  # the split path's row sums: freed before the partials' dW is allocated (the fix-up sums again)
+        if needs_dW and programs > 1:
             dW = torch.empty_like(W, memory_format=torch.contiguous_format)
             sum_partials(dW, dW_partial, programs, n_rows, rows_per_program, reserved, dX.element_size())
         if reserved and split:  # (the fix-ups' mean_ptr is unread: inv_var stands in)
             launch(_rms_norm_row_dot_kernel, (programs * reserved,), inv_var, *row_dot_args, FIXUP=True,
                    **row_dot_settings)
         elif reserved:
-            launch(_rms_norm_backward_kernel, (programs, chunks), *args, inv_var, dW_partial, *shape, FIXUP=True,
-                   **settings)
+            launch(_rms_norm_backward_kernel, (programs, chunks), *args, inv_var, dW_partial, *shape, 0, FIXUP=True,
+                   TAIL=False, **settings)
     return dW
 
 
@@ -588,6 +641,15 @@ def _reserved_rows(dX: torch.Tensor, dY: torch.Tensor, n_rows: int, n_cols: int,
     reserved = cdiv(compute_bytes, dx_bytes) + ((n_cols * dx_bytes) % compute_bytes != 0)
     fewest_rows = min(rows_per_program, n_rows - (programs - 1) * rows_per_program)
     return reserved if fewest_rows >= reserved else 0
+
+
+def _mean_tail(dX: torch.Tensor, dY: torch.Tensor, n_rows: int, n_cols: int, compute: torch.dtype) -> int | None:
+    """The first element of dX whose memory holds the split path's row sums, its last n_rows COMPUTE
+    elements (None: they get a buffer of their own). Note [The row sums at dX's end]"""
+    if not dX.is_contiguous() or dX.data_ptr() % compute.itemsize or _checks.overlaps(dX, dY):
+        return None
+    first = (_partials_in(dX, compute).numel() - n_rows) * compute.itemsize // dX.element_size()
+    return first if first >= (n_rows - 1) * n_cols else None
 
 
 def _partials_in(dX: torch.Tensor, compute: torch.dtype) -> torch.Tensor:

@@ -29,7 +29,8 @@ class _NoLaunch:
 
 def stub_launches() -> None:
     for name in ("_rms_norm_forward_kernel", "_rms_norm_forward_looped_kernel", "_rms_norm_backward_kernel",
-                 "_sum_partials_kernel", "_rms_norm_row_dot_kernel"):
+                 "_sum_partials_kernel", "_rms_norm_row_dot_kernel", "_rms_norm_tail_kernel",
+                 "_rms_norm_forward_parts_kernel"):
         setattr(RMS, name, _NoLaunch())
     ROPE._rope_kernel = _NoLaunch()
 

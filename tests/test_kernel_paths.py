@@ -359,6 +359,70 @@ def test_partials_stay_in_a_buffer_of_their_own_where_dx_cannot_lend_its_rows(de
     assert reserved(torch.empty_like(X).t(), X, 1024, 256, 8, 128, torch.float32) == 0  # not contiguous
 
 
+ONE_RANGE = Config("split", 4, rows=4, chunk=16, programs_per_sm=1)  # 4 slots, chunks of 16: one row range
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("variant", ["llama", "gemma"])
+def test_the_split_backward_over_one_row_range_passes_the_verdict(variant, dtype, device, monkeypatch):
+    """Every row in one range (13 chunks of 16 columns for 4 slots): its program stores dW itself, and
+    the row sums live in dX's last bytes until the last launch writes them (Note [The row sums at dX's
+    end]); forward, dX and dW within the verdict's bounds."""
+    monkeypatch.setattr(rms_module, "program_slots", lambda _: 4)
+    _forcing(monkeypatch, Config("rows", 4, rows=4), ONE_RANGE)
+    launched = _record_launches(monkeypatch)
+    case = Case("rms_norm", variant, dtype, {"lead": [3, 5], "cols": 200}, "contiguous", "normal",
+                {"eps": 1e-6, "weight": "same"}, seed=4)
+    result = run_case("rms_norm", case, load("kernels"), device)
+    assert result.passed, result.explain()
+    names = {name for name, _ in launched}
+    assert "_rms_norm_tail_kernel" in names and "_sum_partials_kernel" not in names
+
+
+@pytest.mark.parametrize("dtype, rows, cols, w_dtype", [
+    ("bfloat16", 8, 96, None),
+    ("bfloat16", 7, 97, None),  # odd columns: the sums start mid element of dX
+    ("bfloat16", 1, 96, None),  # one row: its own sum in its own dX
+    ("float32", 8, 96, None),
+    ("float64", 8, 80, None),
+    ("bfloat16", 8, 96, "float32"),  # dW in float32, X's sums in float32
+])
+@pytest.mark.parametrize("gemma", [False, True])
+def test_the_row_sums_inside_dx_give_the_same_bits_as_a_buffer_of_their_own(dtype, rows, cols, w_dtype, gemma,
+                                                                            device, monkeypatch):
+    """Note [The row sums at dX's end]: the same dX and dW bits as with the sums apart, every element of
+    dX written (it starts as NaN), and no partial rows summed: the one range's program stored dW."""
+    X, dY, W = _rms_inputs(monkeypatch, device, getattr(torch, dtype), rows, cols, seed=rows * cols)
+    if w_dtype:
+        W = W.to(getattr(torch, w_dtype))
+    _, inv_var = rms_module.forward(X, W, 1e-6, gemma)
+    launched = _record_launches(monkeypatch)
+    results = []
+    for tail in (rms_module._mean_tail, lambda *args: None):
+        monkeypatch.setattr(rms_module, "_mean_tail", tail)
+        launched.clear()
+        dX = torch.full_like(X, float("nan"))
+        dW = rms_module.backward(dY, X, W, inv_var, gemma, dX, True, ONE_RANGE)
+        results.append((dX, dW, [name for name, _ in launched]))
+    (dX, dW, names), (dX_apart, dW_apart, names_apart) = results
+    assert names == ["_rms_norm_row_dot_kernel", "_rms_norm_backward_kernel", "_rms_norm_tail_kernel"]
+    assert names_apart == names[:2]
+    assert not dX.isnan().any() and dW.dtype == W.dtype
+    assert torch.equal(dX, dX_apart) and torch.equal(dW, dW_apart)
+
+
+def test_the_row_sums_get_a_buffer_of_their_own_where_dx_cannot_lend_its_end(device):
+    X = torch.empty(8, 96, dtype=torch.bfloat16, device=device)
+    tail = rms_module._mean_tail
+    assert tail(torch.empty_like(X), X, 8, 96, torch.float32) == 8 * 96 - 16  # 8 sums in 16 bf16 elements
+    assert tail(X, X, 8, 96, torch.float32) is None  # dX written into dY: dY's last row is read until the end
+    assert tail(torch.empty_like(X).t(), X, 8, 96, torch.float32) is None  # not contiguous
+    unaligned = torch.empty(8 * 96 + 1, dtype=torch.bfloat16, device=device)[1:].view(8, 96)
+    assert tail(unaligned, X, 8, 96, torch.float32) is None
+    narrow = torch.empty(40, 8, dtype=torch.bfloat16, device=device)
+    assert tail(narrow, X, 40, 8, torch.float32) is None  # 80 elements of sums: beyond the last row
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's allocator counts the peak")
 @pytest.mark.parametrize("needs_dW", [True, False], ids=["dW", "no dW"])
 @pytest.mark.parametrize("rows, cols", [(1024, 8192), (256, 65536)], ids=["rows", "split"])
