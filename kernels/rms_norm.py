@@ -628,9 +628,10 @@ def _reserved_rows(dX: torch.Tensor, dY: torch.Tensor, n_rows: int, n_cols: int,
         contiguous and COMPUTE-aligned, the rows it lends (rounded to whole COMPUTE elements) in
         every program, and dX apart from dY: the fix-up reads those rows' dY again. On the split
         path the fix-up is one program per reserved row that sums the row again, so the buffer of
-        every row's sum is freed before dW is allocated: at 65536 columns it would be the one
-        allocation beyond what torch.compile holds. Where W needs no gradient there are no partial
-        rows (DW=False): nothing to hold, sum or fix up.
+        every row's sum is freed before dW is allocated: it would be the one allocation beyond what
+        torch.compile holds. Where one program's range holds every row (a chunk of columns per
+        program, as at 65536 columns), its partial row is dW itself: nothing to lend or sum. Where
+        W needs no gradient there are no partial rows (DW=False): nothing to hold, sum or fix up.
     """
     compute_bytes, dx_bytes = compute.itemsize, dX.element_size()
     if programs * n_cols * compute_bytes * LEND_ABOVE <= dX.numel() * dx_bytes:
