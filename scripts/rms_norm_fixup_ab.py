@@ -34,6 +34,19 @@ def _measure(rms, call, lend: bool):
     return ms, extra_kib, dW
 
 
+def backward_inputs(rms, width: int, elements: int, gemma: bool):
+    """(X, W, dY, inv_var, dX): seeded bf16 rows of ``width`` columns, ``elements`` in all, their forward's
+    1/rms, and dX to write (scripts/rms_norm_one_range_ab.py takes the same)."""
+    import torch
+
+    torch.manual_seed(0)
+    X = torch.randn(elements // width, width, device="cuda", dtype=torch.bfloat16)
+    W = (1 + 0.1 * torch.randn(width, device="cuda")).to(torch.bfloat16)
+    dY = torch.randn_like(X)
+    _, inv_var = rms.forward(X, W, 1e-6, gemma)
+    return X, W, dY, inv_var, torch.empty_like(X)
+
+
 def main() -> None:
     import torch
 
@@ -46,12 +59,7 @@ def main() -> None:
           f"{'apart KiB':>10} {'lent KiB':>9} same bits")
     for width in (int(w) for w in args.widths.split(",")):
         for gemma in (False, True):
-            torch.manual_seed(0)
-            X = torch.randn(args.elements // width, width, device="cuda", dtype=torch.bfloat16)
-            W = torch.randn(width, device="cuda", dtype=torch.bfloat16)
-            dY = torch.randn_like(X)
-            _, inv_var = rms.forward(X, W, 1e-6, gemma)
-            dX = torch.empty_like(X)
+            X, W, dY, inv_var, dX = backward_inputs(rms, width, args.elements, gemma)
             call = lambda: rms.backward(dY, X, W, inv_var, gemma, dX, True)  # noqa: E731
             apart_ms, apart_kib, apart_dW = _measure(rms, call, lend=False)
             apart_dX = dX.clone()

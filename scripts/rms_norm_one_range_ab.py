@@ -34,6 +34,7 @@ def main() -> None:
     from kernels._launch import device_index, program_slots
     from kernels._rms_norm_configs import lookup
     from oracle.bench import peak_mb
+    from rms_norm_fixup_ab import backward_inputs  # this script's folder is on sys.path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--widths", default="32768,65536")
@@ -44,13 +45,8 @@ def main() -> None:
     print(f"{'width':>6} {'variant':7} {'setting':38} {'ranges':>6} {'ms':>8} {'x table':>7} {'KiB':>7} dW off")
     for width in (int(w) for w in args.widths.split(",")):
         for gemma in (False, True):
-            torch.manual_seed(0)
-            n_rows = args.elements // width
-            X = torch.randn(n_rows, width, device="cuda", dtype=torch.bfloat16)
-            W = (1 + 0.1 * torch.randn(width, device="cuda")).to(torch.bfloat16)
-            dY = torch.randn_like(X)
-            _, inv_var = rms.forward(X, W, 1e-6, gemma)
-            dX = torch.empty_like(X)
+            X, W, dY, inv_var, dX = backward_inputs(rms, width, args.elements, gemma)
+            n_rows = X.shape[0]
             table = lookup("backward", width, n_rows, slots, gemma)
             base_ms = reference = None
             for config in [table, *_candidates(width, slots)]:
