@@ -5,8 +5,9 @@ width from 128 to 65536 it times each candidate setting of the forward and of th
 elements and keeps the fastest, or within 5% of it the one that holds the least memory (the split
 backward's single row range, which needs no partial rows of dW). A width is looked up by its block
 (the next power of two); narrower blocks take the 128 entry with proportionally more rows per
-program, so a program still handles as many elements as the measured one. The table was measured on Llama; its ``gemma`` section holds
-Gemma's own measurements at the widths where its path wanted another setting, and Gemma takes those.
+program, so a program still handles as many elements as the measured one. The table was measured
+on Llama; its ``gemma`` section holds Gemma's own measurements at the widths where its path wanted
+another setting, and Gemma takes those.
 
 Two paths per pass:
   forward  "rows":   ROWS whole rows per program, one 2-D block (narrow and medium rows).
