@@ -636,7 +636,7 @@ def _reserved_rows(dX: torch.Tensor, dY: torch.Tensor, n_rows: int, n_cols: int,
     compute_bytes, dx_bytes = compute.itemsize, dX.element_size()
     if programs * n_cols * compute_bytes * LEND_ABOVE <= dX.numel() * dx_bytes:
         return 0
-    if not dX.is_contiguous() or dX.data_ptr() % compute_bytes or _checks.overlaps(dX, dY):
+    if not _can_lend(dX, dY, compute):
         return 0
     # rows for n_cols COMPUTE elements from the first aligned byte: one more where a row may start mid element
     reserved = cdiv(compute_bytes, dx_bytes) + ((n_cols * dx_bytes) % compute_bytes != 0)
@@ -647,14 +647,20 @@ def _reserved_rows(dX: torch.Tensor, dY: torch.Tensor, n_rows: int, n_cols: int,
 def _mean_tail(dX: torch.Tensor, dY: torch.Tensor, n_rows: int, n_cols: int, compute: torch.dtype) -> int | None:
     """The first element of dX whose memory holds the split path's row sums, its last n_rows COMPUTE
     elements (None: they get a buffer of their own). Note [The row sums at dX's end]"""
-    if not dX.is_contiguous() or dX.data_ptr() % compute.itemsize or _checks.overlaps(dX, dY):
+    if not _can_lend(dX, dY, compute):
         return None
     first = (_partials_in(dX, compute).numel() - n_rows) * compute.itemsize // dX.element_size()
     return first if first >= (n_rows - 1) * n_cols else None
 
 
+def _can_lend(dX: torch.Tensor, dY: torch.Tensor, compute: torch.dtype) -> bool:
+    """dX's memory can hold COMPUTE values until a later launch writes dX there: contiguous, aligned
+    for them, and apart from dY, which that launch still reads."""
+    return dX.is_contiguous() and dX.data_ptr() % compute.itemsize == 0 and not _checks.overlaps(dX, dY)
+
+
 def _partials_in(dX: torch.Tensor, compute: torch.dtype) -> torch.Tensor:
-    """dX's memory as a flat COMPUTE tensor (contiguous and aligned: _reserved_rows)."""
+    """dX's memory as a flat COMPUTE tensor (contiguous and aligned: _can_lend)."""
     flat = dX.view(-1).view(torch.uint8)
     return flat[:flat.numel() // compute.itemsize * compute.itemsize].view(compute)
 
