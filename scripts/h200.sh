@@ -9,6 +9,7 @@
 #   VARIANT=gemma bash scripts/h200.sh tune-backward      # one GPU: the backward's widths (Llama's by default)
 #   bash scripts/h200.sh tune-parts                       # the forward at 65536/32768 columns, programs sharing a row
 #   bash scripts/h200.sh rope-group                       # RoPE's heads per program against compile's
+#   bash scripts/h200.sh rope-positions smem-forward      # plain RoPE against packed; the shared-memory forward, ncu
 #   bash scripts/h200.sh backward-floor                   # RMSNorm's backward rung by rung, from a copy to the kernel
 #   bash scripts/h200.sh backward-ab                      # carry .whl: RMSNorm's backward against Liger's, ncu too
 #   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # thorough examples, derived vs declared
@@ -225,6 +226,14 @@ for step in "$@"; do
         --out "$OUT/tune-forward-gemma-parts.json" 2>&1 | tee "$OUT/tune-forward-gemma-parts.log" | tail -1;;
     backward-floor)  # RMSNorm's backward rung by rung from a copy to the shipped kernel (scripts/backward_floor.py)
       timeout ${FLOOR_TIMEOUT:-150} python3 scripts/backward_floor.py 2>&1 | tee "$OUT/backward-floor-h200.log";;
+    rope-positions)  # plain RoPE against packed: the position values apart from the code path (scripts/rope_positions_ab.py)
+      timeout ${ROPE_POSITIONS_TIMEOUT:-200} python3 scripts/rope_positions_ab.py 2>&1 | tee "$OUT/rope-positions.log";;
+    smem-forward)  # RMSNorm's forward at 65536 columns, each row in shared memory (Gluon), timed; then ncu on one setting
+      timeout ${SMEM_TIMEOUT:-150} python3 scripts/rms_norm_smem_forward.py 2>&1 | tee "$OUT/smem-forward.log"
+      timeout 150 ncu --clock-control none -k regex:_smem_forward --launch-count 1 --section SpeedOfLight \
+        --section WarpStateStats --section MemoryWorkloadAnalysis \
+        python3 scripts/rms_norm_smem_forward.py --only ${SMEM_SETTING:-8192,32} --variants llama 2>&1 \
+        | tee "$OUT/smem-forward-ncu.log" | tail -60;;
     rope-group)  # RoPE's heads per program against compile's forward+backward (scripts/rope_group_ab.py)
       timeout ${ROPE_GROUP_TIMEOUT:-200} python3 scripts/rope_group_ab.py 2>&1 | tee "$OUT/rope-group-h200.log";;
     backward-ab)  # RMSNorm's backward against Liger-Kernel's at 4096 x 16384 (.whl holds its wheel): timed, then ncu

@@ -20,6 +20,7 @@ forward, both variants, with the largest difference from the shipped Y and 1/rms
 
     python scripts/rms_norm_smem_forward.py --compile   # any machine (the GPU's Triton: 3.6)
     python scripts/rms_norm_smem_forward.py             # on the GPU machine
+    python scripts/rms_norm_smem_forward.py --only 8192,32 --variants llama   # one setting (under ncu)
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
     return {key: int(value) for key, value in re.findall(r"(REG|STACK):(\d+)", out)}
 
 
-def time_on_gpu(cols: int, elements: int) -> None:
+def time_on_gpu(cols: int, elements: int, settings: list[tuple[int, int]], variants: list[str]) -> None:
     """Each setting against the shipped forward: GPU time, fraction of copy, distance from its output."""
     import torch
 
@@ -145,12 +146,12 @@ def time_on_gpu(cols: int, elements: int) -> None:
     n_bytes = 2 * X.numel() * X.element_size()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name()}, triton {triton.__version__}: {rows} x {cols} bf16, copy {copy:.2f} TB/s")
-    for gemma in (False, True):
+    for gemma in (variant == "gemma" for variant in variants):
         shipped_Y, shipped_inv = rms.forward(X, W, 1e-6, gemma)
         shipped = _graph_ms(lambda: rms.forward(X, W, 1e-6, gemma))
         variant = "gemma" if gemma else "llama"
         print(f"{variant}: shipped {shipped:.4f} ms, {n_bytes / shipped / 1e9 / copy:.1%} of copy")
-        for chunk, warps in SETTINGS:
+        for chunk, warps in settings:
             Y = torch.empty_like(X)
             inv_var = torch.empty(rows, device="cuda")
 
@@ -175,13 +176,19 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="only compile for sm_90 (any machine)")
     parser.add_argument("--cols", type=int, default=65536)
     parser.add_argument("--elements", type=int, default=2**26)
+    parser.add_argument("--only", default=None, metavar="CHUNK,WARPS", help="time this setting alone (for ncu)")
+    parser.add_argument("--variants", default="llama,gemma")
     args = parser.parse_args()
     if args.compile:
         os.environ["TRITON_INTERPRET"] = "0"
         os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default today, said aloud (3.9 warns)
         compile_only(args.cols)
     else:
-        time_on_gpu(args.cols, args.elements)
+        variants = args.variants.split(",")
+        if set(variants) - {"llama", "gemma"}:
+            parser.error(f"--variants takes llama and gemma, got {args.variants}")
+        settings = [tuple(int(v) for v in args.only.split(","))] if args.only else SETTINGS
+        time_on_gpu(args.cols, args.elements, settings, variants)
 
 
 if __name__ == "__main__":
