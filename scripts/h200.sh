@@ -229,8 +229,8 @@ for step in "$@"; do
     rope-positions)  # plain RoPE against packed: the position values apart from the code path (scripts/rope_positions_ab.py)
       timeout ${ROPE_POSITIONS_TIMEOUT:-200} python3 scripts/rope_positions_ab.py 2>&1 | tee "$OUT/rope-positions.log";;
     smem-forward)  # RMSNorm's forward at 65536 columns, each row in shared memory (Gluon), timed; then ncu on one setting
-      timeout ${SMEM_TIMEOUT:-150} python3 scripts/rms_norm_smem_forward.py 2>&1 | tee "$OUT/smem-forward.log"
-      timeout 150 ncu --clock-control none -k regex:_smem_forward --launch-count 1 --section SpeedOfLight \
+      timeout ${SMEM_TIMEOUT:-240} python3 scripts/rms_norm_smem_forward.py 2>&1 | tee "$OUT/smem-forward.log"
+      timeout 120 ncu --clock-control none -k regex:_smem_forward --launch-count 1 --section SpeedOfLight \
         --section WarpStateStats --section MemoryWorkloadAnalysis \
         python3 scripts/rms_norm_smem_forward.py --only ${SMEM_SETTING:-8192,32} --variants llama 2>&1 \
         | tee "$OUT/smem-forward-ncu.log" | tail -60;;
