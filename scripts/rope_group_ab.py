@@ -46,11 +46,17 @@ def main() -> None:
                         kernels_rope.GROUP_SIZE = shipped
                 fns[f"group {group}"] = call
             times = bench.interleaved_graph_ms(fns)
-            floor = work.fwd_bwd_bytes / (copy_tbps * 1e9)
-            for name, ms in times.items():
-                shown = "not captured" if ms is None else \
-                    f"{ms:.4f} ms, {ms / floor:.3f}x the floor, {ms / times['compile']:.3f}x compile"
-                print(f"{work.variant:6s} {str(dtype).removeprefix('torch.'):8s} {name:9s} {shown}", flush=True)
+            print_times(times, work.fwd_bwd_bytes / (copy_tbps * 1e9), "compile",
+                        f"{work.variant:6s} {str(dtype).removeprefix('torch.'):8s}")
+
+
+def print_times(times: dict, floor_ms: float, compile_name: str, label: str) -> None:
+    """One line a competitor: its time per forward+backward, against the floor and compile's."""
+    width, peer = max(len(name) for name in times), times[compile_name]
+    for name, ms in times.items():
+        shown = "not captured" if ms is None else f"{ms:.4f} ms, {ms / floor_ms:.3f}x the floor" + \
+            ("" if peer is None else f", {ms / peer:.3f}x compile")
+        print(f"{label} {name:{width}s} {shown}", flush=True)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ def time_on_gpu(dtypes: list[str]) -> None:
 
     from oracle import bench
     from oracle.ops import rope as rope_op
+    from scripts.rope_group_ab import print_times
 
     copy_tbps = bench.copy_bandwidth_tbps()
     print(f"{torch.cuda.get_device_name()}, copy bandwidth {copy_tbps:.2f} TB/s")
@@ -89,11 +90,8 @@ def time_on_gpu(dtypes: list[str]) -> None:
         fns = rotations(dtype, "cuda", batch=4, heads=32, kv_heads=8, seq=4096, head_dim=128)
         fns["compile, plain"] = work.forward_backward["compile"]
         times = bench.interleaved_graph_ms(fns)
-        floor = work.fwd_bwd_bytes / (copy_tbps * 1e9)
-        for name, ms in times.items():
-            shown = "not captured" if ms is None else \
-                f"{ms:.4f} ms, {ms / floor:.3f}x the floor, {ms / times['compile, plain']:.3f}x compile"
-            print(f"{str(dtype).removeprefix('torch.'):8s} {name:20s} {shown}", flush=True)
+        print_times(times, work.fwd_bwd_bytes / (copy_tbps * 1e9), "compile, plain",
+                    f"{str(dtype).removeprefix('torch.'):8s}")
 
 
 def main() -> None:
