@@ -37,9 +37,7 @@ import importlib
 import itertools
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import triton
@@ -212,28 +210,20 @@ def _report(label: str, kernel, constexprs: dict, warps: int) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    from scripts.rms_norm_registers import _cuobjdump
+
     signature = {"Y_ptr": "*bf16", "X_ptr": "*bf16", "W_ptr": "*bf16", "inv_var_ptr": "*fp32", "n_rows": "i32",
                  "eps": "fp32"} | {name: "constexpr" for name in constexprs}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
     source = GluonASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     ptx = compiled.asm["ptx"]
-    usage = _resource_usage(compiled.asm["cubin"])
+    usage = {key: int(value) for key, value in
+             re.findall(r"(REG|STACK):(\d+)", _cuobjdump(compiled.asm["cubin"], "--dump-resource-usage"))}
     shared = compiled.metadata.shared
     print(f"{label}: {usage['REG']} registers, {usage['STACK']} B stack, {shared} B shared, "
           f"{programs_per_sm(usage['REG'], shared, warps)} an SM; {ptx.count('cp.async.cg')} cp.async, "
           f"{ptx.count('cp.async.wait_group')} wait_group, {ptx.count('bar.sync')} bar.sync")
-
-
-def _resource_usage(cubin: bytes) -> dict[str, int]:
-    """Registers and stack of a cubin, read by the cuobjdump in Triton's wheel."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "kernel.cubin"
-        path.write_bytes(cubin)
-        tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        out = subprocess.run([str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True,
-                             check=True).stdout
-    return {key: int(value) for key, value in re.findall(r"(REG|STACK):(\d+)", out)}
 
 
 def time_on_gpu(cols: int, elements: int, settings: list[tuple[int, int]], variants: list[str],
