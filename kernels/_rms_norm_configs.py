@@ -9,10 +9,12 @@ program, so a program still handles as many elements as the measured one. The ta
 on Llama; its ``gemma`` section holds Gemma's own measurements at the widths where its path wanted
 another setting, and Gemma takes those.
 
-Two paths per pass:
+The paths of each pass:
   forward  "rows":   ROWS whole rows per program, one 2-D block (narrow and medium rows).
            "looped": persistent programs, each a row at a time in CHUNK-wide steps: a first sweep
                      for the row's mean square, a second that re-reads the row (from L2) and writes.
+           "overlapped": the looped path with one row's second sweep and the program's next row's
+                     first in one loop (rows of one).
            "parts":  persistent programs sharing each row, CHUNK columns each, exchanging their shares
                      of the sum of squares through memory: the row is read once.
   backward "rows":   persistent programs over contiguous row ranges, ROWS whole rows per step; each
@@ -33,7 +35,7 @@ from ._launch import next_power_of_2
 CONFIG_FILE = Path(__file__).with_name("rms_norm_configs.json")
 SCHEMA = "kernel-oracle/rms-norm-configs/1"
 NARROWEST, WIDEST = 128, 65536  # the measured widths
-PATHS = {"forward": ("rows", "looped", "parts"), "backward": ("rows", "split")}
+PATHS = {"forward": ("rows", "looped", "overlapped", "parts"), "backward": ("rows", "split")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +43,8 @@ class Config:
     path: str  # see the module docstring
     warps: int
     rows: int = 1  # rows per program ("rows" forward), swept together ("looped") or per loop step (backward)
-    chunk: int = 0  # columns per step of the "looped" and "split" paths
-    programs_per_sm: int = 1  # persistent programs ("looped", backward "rows") or row ranges per chunk ("split")
+    chunk: int = 0  # columns per step of the "looped", "overlapped" and "split" paths
+    programs_per_sm: int = 1  # persistent programs (forward "looped", "overlapped", backward "rows"); "split": ranges
     stages: int = 1  # loop steps whose loads are in flight at once (fewer where their tiles would not fit)
 
     @classmethod

@@ -56,6 +56,11 @@ def forward_candidates(width: int) -> list[Config]:
             if chunk < width and rows * chunk <= 16384:
                 out += [Config("looped", warps, rows=rows, chunk=chunk, programs_per_sm=per_sm, stages=stages)
                         for warps in _warps_for(rows * chunk, (8, 16, 32))]
+        # two rows' sweeps in one loop (Note [Two rows a step]): one row a program, at least two chunks a row
+        for chunk, per_sm in itertools.product((4096, 8192, 16384, 32768), (1, 2)):
+            if chunk < width:
+                out += [Config("overlapped", warps, chunk=chunk, programs_per_sm=per_sm)
+                        for warps in _warps_for(chunk, (8, 16, 32))]
         # programs sharing a row (Note [A row shared by programs]): 2 to 16 of them, only as many per SM
         # as its registers hold at once (a program not resident leaves its partners polling until their
         # patience ends: right, and slow)

@@ -34,6 +34,8 @@ PATHS = {
                        Config("split", 4, rows=4, chunk=64, programs_per_sm=3)),
     # 4 programs share each row (64 x 4 >= 200 columns), 1 row group at a time per 4 slots
     "parts / rows": (Config("parts", 4, chunk=64, programs_per_sm=1), Config("rows", 4, rows=4)),
+    # 4 persistent programs of 4, 4, 4 and 3 rows: a first sweep alone, fused steps, a last sweep alone
+    "overlapped / rows": (Config("overlapped", 4, chunk=64, programs_per_sm=1), Config("rows", 4, rows=4)),
 }
 
 
@@ -94,6 +96,25 @@ def test_the_parts_forward_gives_the_same_bits_whoever_sums_a_share(dtype, gemma
         assert torch.equal(mine, theirs)
     reference = rms_module.forward(X, W, 1e-6, gemma, Config("rows", 4, rows=1))
     torch.testing.assert_close(published[1], reference[1], rtol=4 * torch.finfo(published[1].dtype).eps, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("gemma", [False, True])
+def test_the_overlapped_forward_gives_the_looped_forwards_bits(dtype, gemma, device, monkeypatch):
+    """Note [Two rows a step]: fusing a row's second sweep with the next row's first changes when the
+    chunks are read, not how they are summed, so at the same chunk and warps the overlapped forward
+    writes the looped forward's Y and 1/rms bit for bit: with more rows than programs (fused steps),
+    fewer (a first and a last sweep alone), and rows of a transposed X (a row stride of one element)."""
+    X, _, W = _rms_inputs(monkeypatch, device, dtype, rows=11, cols=300, seed=3)
+    launched = _record_launches(monkeypatch)
+    for rows, per_sm in ((X, 1), (X, 2), (X[:3], 2), (X.t().contiguous().t(), 1)):
+        launched.clear()
+        setting = {"warps": 4, "chunk": 128, "programs_per_sm": per_sm}
+        overlapped = rms_module.forward(rows, W, 1e-6, gemma, Config("overlapped", **setting))
+        assert launched == [("_rms_norm_forward_overlapped_kernel", (min(len(rows), 4 * per_sm),))]
+        looped = rms_module.forward(rows, W, 1e-6, gemma, Config("looped", **setting))
+        for mine, theirs in zip(overlapped, looped):
+            assert torch.equal(mine, theirs)
 
 
 def test_the_parts_forward_launches_programs_in_whole_rows(device, monkeypatch):

@@ -342,15 +342,21 @@ def test_reads_past_a_tensor_fail_the_verdict():
         assert status == "fail" and "verdict" in checks, (pick, status, checks)
 
 
+# The forward kernel of the widest rows, as the launch table picks it, and a line of it computing 1/rms
+WIDE_FORWARD_EPS = {"looped": ("_rms_norm_forward_looped_kernel", "eps_hi, eps_lo, COMPUTE)"),
+                    "overlapped": ("_rms_norm_forward_overlapped_kernel", "COMPUTE)  # the program's first row")}
+
+
 def test_every_variant_runs_the_widest_rows():
     """The widest stratified case turns its variant and its kind of values with the dtype, so
-    Gemma's split backward runs too (its row-dot kernel's 1 + W, in `_row_chunk`, was never reached), and the looped
-    forward meets tiny values, where eps dominates: 1 - W, and the looped forward's eps dropped, fail
-    the widest cases, which the unmutated kernels pass."""
+    Gemma's split backward runs too (its row-dot kernel's 1 + W, in `_row_chunk`, was never reached), and the wide
+    forward (looped or overlapped, as the table picks) meets tiny values, where eps dominates: 1 - W, and the wide
+    forward's eps dropped, fail the widest cases, which the unmutated kernels pass."""
     _on_the_cpu_profile()
     from oracle.cases import FLOAT_DTYPES
     from oracle.declare.registry import SPECS
     from oracle.engine.devices import case_budget
+    from kernels._rms_norm_configs import lookup
 
     spec = SPECS["rms_norm"]
     widest = [c for d in FLOAT_DTYPES for c in spec.stratified(d, case_budget()) if c.dims.get("cols") == 65535]
@@ -358,7 +364,7 @@ def test_every_variant_runs_the_widest_rows():
     assert {c.values for c in widest} == {"normal", "large", "tiny"}, [c.summary() for c in widest]
     statuses, outcomes = _kernel_mutants("rms_norm", [
         ("_row_chunk", "w = 1.0 + w", "sign_changed"),
-        ("_rms_norm_forward_looped_kernel", "eps_hi, eps_lo, COMPUTE)", "eps_moved", "eps_hi"),
+        (*WIDE_FORWARD_EPS[lookup("forward", 65535, 1, 4).path], "eps_moved", "eps_hi"),
     ], {"dims": [{"cols": 65535}]})
     assert set(statuses.values()) == {"pass"} and len(statuses) == 3, statuses
     for pick, (status, checks) in outcomes.items():
