@@ -353,10 +353,10 @@ def test_every_variant_runs_the_widest_rows():
     forward (looped or overlapped, as the table picks) meets tiny values, where eps dominates: 1 - W, and the wide
     forward's eps dropped, fail the widest cases, which the unmutated kernels pass."""
     _on_the_cpu_profile()
+    from kernels._rms_norm_configs import lookup
     from oracle.cases import FLOAT_DTYPES
     from oracle.declare.registry import SPECS
     from oracle.engine.devices import case_budget
-    from kernels._rms_norm_configs import lookup
 
     spec = SPECS["rms_norm"]
     widest = [c for d in FLOAT_DTYPES for c in spec.stratified(d, case_budget()) if c.dims.get("cols") == 65535]
