@@ -59,5 +59,18 @@ def print_times(times: dict, floor_ms: float, compile_name: str, label: str) -> 
         print(f"{label} {name:{width}s} {shown}", flush=True)
 
 
+def check_or_time(description: str, check, time_on_gpu, check_help: str) -> None:
+    """The A/B scripts' command line: ``--check`` runs ``check`` (any machine), else ``time_on_gpu`` over
+    ``--dtypes``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--check", action="store_true", help=check_help)
+    parser.add_argument("--dtypes", default="bfloat16,float16")
+    args = parser.parse_args()
+    if args.check:
+        check()
+    else:
+        time_on_gpu(args.dtypes.split(","))
+
+
 if __name__ == "__main__":
     main()

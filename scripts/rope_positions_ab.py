@@ -22,7 +22,6 @@ shape under Triton's interpreter and checks that plain and arange give the same 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -95,14 +94,9 @@ def time_on_gpu(dtypes: list[str]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="run each rotation once on the CPU and compare")
-    parser.add_argument("--dtypes", default="bfloat16,float16")
-    args = parser.parse_args()
-    if args.check:
-        check()
-    else:
-        time_on_gpu(args.dtypes.split(","))
+    from scripts.rope_group_ab import check_or_time
+
+    check_or_time(__doc__.splitlines()[0], check, time_on_gpu, "run each rotation once on the CPU and compare")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ torch.compile's forward+backward (oracle.bench.interleaved_graph_ms), at Llama-3
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 from pathlib import Path
@@ -217,14 +216,9 @@ def time_on_gpu(dtypes: list[str]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="every variant once on the CPU, against the shipped bits")
-    parser.add_argument("--dtypes", default="bfloat16,float16")
-    args = parser.parse_args()
-    if args.check:
-        check()
-    else:
-        time_on_gpu(args.dtypes.split(","))
+    from scripts.rope_group_ab import check_or_time
+
+    check_or_time(__doc__.splitlines()[0], check, time_on_gpu, "every variant once on the CPU, against the shipped bits")
 
 
 if __name__ == "__main__":
