@@ -10,8 +10,8 @@
 #   bash scripts/h200.sh tune-parts                       # the forward at 65536/32768 columns, programs sharing a row
 #   bash scripts/h200.sh rope-group                       # RoPE's heads per program against compile's
 #   bash scripts/h200.sh rope-positions smem-forward      # plain RoPE against packed; the shared-memory forward, ncu
-#   bash scripts/h200.sh rope-tokens                       # RoPE with several tokens a program, K's heads apart
-#   bash scripts/h200.sh overlap-forward                   # RMSNorm's forward, two rows' sweeps in one loop
+#   bash scripts/h200.sh rope-tokens                      # RoPE with several tokens a program, K's heads apart
+#   bash scripts/h200.sh overlap-forward                  # RMSNorm's forward, two rows' sweeps in one loop
 #   bash scripts/h200.sh backward-floor                   # RMSNorm's backward rung by rung, from a copy to the kernel
 #   bash scripts/h200.sh backward-ab                      # carry .whl: RMSNorm's backward against Liger's, ncu too
 #   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # thorough examples, derived vs declared
