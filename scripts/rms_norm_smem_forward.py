@@ -12,9 +12,12 @@ copy and the load), so a thread needs only its own copies (``wait_group``); Trit
 barrier after each wait and before each refill (``--compile`` counts them: 33 in the kernel at 8
 chunks a row; Triton 3.9 compiles 18).
 Measured on the H200 (docs/performance.md, sixteenth session): slower than the shipped looped
-forward, 0.0931 against 0.0903 ms (Llama) and 0.0953 against 0.0845 (Gemma) at its best setting.
+forward at chunks up to 8192 columns, 0.0931 against 0.0903 ms (Llama) and 0.0953 against 0.0845
+(Gemma) at the best of them. On the H100 (seventeenth session) 16384-column chunks at 16 warps
+took 0.1016 ms (Llama) and 0.1022 (Gemma) against the shipped 0.1292 and 0.1135, L2 flushed before
+each call; not kept, the overlapped path (kernels/rms_norm.py) gets as far in plain Triton.
 
-The second kernel (``_halves_forward``, not timed yet) needs no asynchronous copy: a row's first
+The second kernel (``_halves_forward``; on the H100 at best 0.1040 ms, Llama) needs no asynchronous copy: a row's first
 columns stay in registers and the rest in shared memory, little enough of each for two programs an
 SM (8192 columns held: 112 KiB of shared memory, 59-115 registers by setting under Triton 3.6), so
 that one program's loads are in flight while the other reduces and stores, as the shipped kernels'
