@@ -12,6 +12,7 @@
 #   bash scripts/h200.sh rope-positions smem-forward      # plain RoPE against packed; the shared-memory forward, ncu
 #   bash scripts/h200.sh rope-tokens                      # RoPE with several tokens a program, K's heads apart
 #   bash scripts/h200.sh overlap-forward                  # RMSNorm's forward, two rows' sweeps in one loop
+#   bash scripts/h200.sh rope-order                       # RoPE's programs in another order (the table's rows in L2)
 #   bash scripts/h200.sh backward-floor                   # RMSNorm's backward rung by rung, from a copy to the kernel
 #   bash scripts/h200.sh backward-ab                      # carry .whl: RMSNorm's backward against Liger's, ncu too
 #   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # thorough examples, derived vs declared
@@ -232,6 +233,8 @@ for step in "$@"; do
       timeout ${ROPE_POSITIONS_TIMEOUT:-200} python3 scripts/rope_positions_ab.py 2>&1 | tee "$OUT/rope-positions.log";;
     rope-tokens)  # RoPE with several tokens a program and K's heads apart, against the shipped kernel (scripts/rope_tokens_ab.py)
       timeout ${ROPE_TOKENS_TIMEOUT:-200} python3 scripts/rope_tokens_ab.py ${ROPE_TOKENS_ARGS:-} 2>&1 | tee "$OUT/rope-tokens.log";;
+    rope-order)  # RoPE's programs decoded in another order, against the shipped kernel (scripts/rope_order_ab.py)
+      timeout ${ROPE_ORDER_TIMEOUT:-150} python3 scripts/rope_order_ab.py 2>&1 | tee "$OUT/rope-order.log";;
     overlap-forward)  # RMSNorm's forward at 65536 columns, a row's second sweep fused with the next row's first
       timeout ${OVERLAP_TIMEOUT:-200} python3 scripts/rms_norm_overlap_forward.py 2>&1 | tee "$OUT/overlap-forward.log";;
     smem-forward)  # RMSNorm's forward at 65536 columns, each row in shared memory (Gluon), timed; then ncu on one setting

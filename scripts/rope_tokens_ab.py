@@ -144,9 +144,11 @@ def launch_variant(variant, Q_in, Q_out, K_in, K_out, cos, sin, position_ids, ba
     )
 
 
-def rotations(dtype, device: str, packed: bool, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int):
+def rotations(dtype, device: str, packed: bool, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int,
+              launches=None):
     """{name: callable returning (Q, K, dQ, dK)}: the clone, the forward in place and the backward into new
-    tensors, for the shipped launch and every variant."""
+    tensors, for the shipped launch and every variant (``launches``: {name: a launch like kernels/rope.py's
+    _launch}, this script's variants by default)."""
     import torch
 
     from oracle.ops.rope import packed_positions, rotary_table
@@ -168,10 +170,10 @@ def rotations(dtype, device: str, packed: bool, batch: int, heads: int, kv_heads
             return Q, K, dQ_out, dK_out
         return call
 
-    calls = {"shipped": fwd_bwd(launch_shipped)}
-    for name, variant in VARIANTS.items():
-        calls[name] = fwd_bwd(lambda *args, variant=variant: launch_variant(variant, *args))
-    return calls
+    if launches is None:
+        launches = {name: lambda *args, variant=variant: launch_variant(variant, *args)
+                    for name, variant in VARIANTS.items()}
+    return {"shipped": fwd_bwd(launch_shipped)} | {name: fwd_bwd(launch) for name, launch in launches.items()}
 
 
 def require_same_bits(calls) -> None:
@@ -195,6 +197,12 @@ def check() -> None:
 
 
 def time_on_gpu(dtypes: list[str]) -> None:
+    time_rotations(dtypes, rotations)
+
+
+def time_rotations(dtypes: list[str], rotations) -> None:
+    """``rotations``' callables against the benchmark's kernels and compile, in turns, plain and packed, at
+    Llama-3-8B's shape; the bits checked first."""
     import torch
 
     from oracle import bench
