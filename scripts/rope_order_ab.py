@@ -46,6 +46,32 @@ VARIANTS = {
 }
 
 
+@triton.jit
+def table_row(b, s, cols, cos_ptr, cos_row_stride, cos_col_stride, sin_ptr, sin_row_stride, sin_col_stride,
+              pos_ptr, pos_b_stride, pos_s_stride, max_pos, half_dim, dtype: tl.constexpr,
+              HAS_POSITIONS: tl.constexpr, BACKWARD_PASS: tl.constexpr, COMPUTE: tl.constexpr):
+    """The shipped kernel's table row for token (b, s), line for line: (the columns' mask, c1, c2, sa, sb)."""
+    col_mask = cols < half_dim
+    if HAS_POSITIONS:
+        pos = tl.load(pos_ptr + b * pos_b_stride + s * pos_s_stride).to(tl.int64)
+        inside = (pos >= 0) & (pos < max_pos)
+        tl.device_assert(inside, "position_ids outside the table's rows")
+        pos = tl.where(inside, pos, 0)
+        col_mask = cols < tl.where(inside, half_dim, 0)
+    else:
+        pos = s
+    cos_row = cos_ptr + pos * cos_row_stride
+    sin_row = sin_ptr + pos * sin_row_stride
+    c1 = tl.load(cos_row + cols * cos_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
+    c2 = tl.load(cos_row + (cols + half_dim) * cos_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
+    s1 = tl.load(sin_row + cols * sin_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
+    s2 = tl.load(sin_row + (cols + half_dim) * sin_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
+    if BACKWARD_PASS:
+        return col_mask, c1, c2, s2, -s1
+    else:
+        return col_mask, c1, c2, -s1, s2
+
+
 @triton.jit(debug=True)  # the shipped kernel's range assertion, as shipped
 def _rope_order_kernel(
     Qin_ptr, Qin_sb, Qin_sh, Qin_ss, Qin_sd, Qout_ptr, Qout_sb, Qout_sh, Qout_ss, Qout_sd,
@@ -71,29 +97,10 @@ def _rope_order_kernel(
         s = (pid // n_groups) // batch
         b = (pid // n_groups) % batch
     cols = tl.arange(0, BLOCK_HALF).to(tl.int64)
-    col_mask = cols < half_dim
-    dtype: tl.constexpr = Qout_ptr.dtype.element_ty
-    # the shipped kernel's table row, line for line
-    if HAS_POSITIONS:
-        pos = tl.load(pos_ptr + b * pos_b_stride + s * pos_s_stride).to(tl.int64)
-        inside = (pos >= 0) & (pos < max_pos)
-        tl.device_assert(inside, "position_ids outside the table's rows")
-        pos = tl.where(inside, pos, 0)
-        col_mask = cols < tl.where(inside, half_dim, 0)
-    else:
-        pos = s
-    cos_row = cos_ptr + pos * cos_row_stride
-    sin_row = sin_ptr + pos * sin_row_stride
-    c1 = tl.load(cos_row + cols * cos_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
-    c2 = tl.load(cos_row + (cols + half_dim) * cos_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
-    s1 = tl.load(sin_row + cols * sin_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
-    s2 = tl.load(sin_row + (cols + half_dim) * sin_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
-    if BACKWARD_PASS:
-        sa = s2
-        sb = -s1
-    else:
-        sa = -s1
-        sb = s2
+    col_mask, c1, c2, sa, sb = table_row(
+        b, s, cols, cos_ptr, cos_row_stride, cos_col_stride, sin_ptr, sin_row_stride, sin_col_stride,
+        pos_ptr, pos_b_stride, pos_s_stride, max_pos, half_dim, Qout_ptr.dtype.element_ty,
+        HAS_POSITIONS, BACKWARD_PASS, COMPUTE)
     q_groups = tl.cdiv(n_heads, GROUP_SIZE)
     if SPLIT_K:
         if group < q_groups:
