@@ -142,37 +142,9 @@ def launch_variant(variant, Q_in, Q_out, K_in, K_out, cos, sin, position_ids, ba
     )
 
 
-def rotations(dtype, device: str, packed: bool, **shape):
-    """{name: callable returning (Q, K, dQ, dK)} for the shipped launch and every variant."""
-    from scripts.rope_tokens_ab import rotations as rotations_with
-
-    return rotations_with(dtype, device, packed, **shape, launches={
-        name: lambda *args, variant=variant: launch_variant(variant, *args) for name, variant in VARIANTS.items()})
-
-
-def check() -> None:
-    import torch
-
-    from scripts.rope_tokens_ab import require_same_bits
-
-    for packed in (False, True):
-        for dtype in (torch.bfloat16, torch.float32):
-            # heads not a multiple of GROUP, K's fewer: every mask and both K layouts exercised
-            require_same_bits(rotations(dtype, "cpu", packed, batch=3, heads=12, kv_heads=3, seq=7, head_dim=10))
-    print(f"{len(VARIANTS)} variants: the shipped bits, plain and packed, bf16 and fp32")
-
-
-def time_on_gpu(dtypes: list[str]) -> None:
-    from scripts.rope_tokens_ab import time_rotations
-
-    time_rotations(dtypes, rotations)
-
-
-def main() -> None:
-    from scripts.rope_group_ab import check_or_time
-
-    check_or_time(__doc__.splitlines()[0], check, time_on_gpu, "every variant once on the CPU, against the shipped bits")
-
-
 if __name__ == "__main__":
-    main()
+    from scripts.rope_tokens_ab import variants_main
+
+    # heads not a multiple of GROUP, K's fewer: every mask and both K layouts exercised
+    variants_main(__doc__.splitlines()[0], VARIANTS, launch_variant,
+                  dict(batch=3, heads=12, kv_heads=3, seq=7, head_dim=10))

@@ -144,11 +144,10 @@ def launch_variant(variant, Q_in, Q_out, K_in, K_out, cos, sin, position_ids, ba
     )
 
 
-def rotations(dtype, device: str, packed: bool, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int,
-              launches=None):
+def rotations(dtype, device: str, packed: bool, launches, batch: int, heads: int, kv_heads: int, seq: int,
+              head_dim: int):
     """{name: callable returning (Q, K, dQ, dK)}: the clone, the forward in place and the backward into new
-    tensors, for the shipped launch and every variant (``launches``: {name: a launch like kernels/rope.py's
-    _launch}, this script's variants by default)."""
+    tensors, for the shipped launch and each of ``launches`` ({name: a launch like kernels/rope.py's _launch})."""
     import torch
 
     from oracle.ops.rope import packed_positions, rotary_table
@@ -170,9 +169,6 @@ def rotations(dtype, device: str, packed: bool, batch: int, heads: int, kv_heads
             return Q, K, dQ_out, dK_out
         return call
 
-    if launches is None:
-        launches = {name: lambda *args, variant=variant: launch_variant(variant, *args)
-                    for name, variant in VARIANTS.items()}
     return {"shipped": fwd_bwd(launch_shipped)} | {name: fwd_bwd(launch) for name, launch in launches.items()}
 
 
@@ -186,48 +182,49 @@ def require_same_bits(calls) -> None:
             raise SystemExit(f"{name}: not the shipped bits")
 
 
-def check() -> None:
+def variants_main(description: str, variants: dict, launch_variant, check_shape: dict) -> None:
+    """The RoPE A/B scripts' command line (rope_group_ab.check_or_time): ``--check`` runs every variant
+    (``launch_variant(variant, *launch's arguments)``) once on the CPU at ``check_shape`` against the shipped
+    bits, plain and packed, bf16 and fp32; without it, on the GPU at Llama-3-8B's shape, the bits checked
+    first, every variant against the benchmark's kernels and compile, CUDA graphs in turns."""
     import torch
 
-    for packed in (False, True):
-        for dtype in (torch.bfloat16, torch.float32):
-            # seq not a multiple of any TOKENS, heads not of GROUP 8: every mask is exercised
-            require_same_bits(rotations(dtype, "cpu", packed, batch=2, heads=12, kv_heads=3, seq=19, head_dim=10))
-    print(f"{len(VARIANTS)} variants: the shipped bits, plain and packed, bf16 and fp32")
-
-
-def time_on_gpu(dtypes: list[str]) -> None:
-    time_rotations(dtypes, rotations)
-
-
-def time_rotations(dtypes: list[str], rotations) -> None:
-    """``rotations``' callables against the benchmark's kernels and compile, in turns, plain and packed, at
-    Llama-3-8B's shape; the bits checked first."""
-    import torch
-
-    from oracle import bench
-    from oracle.ops import rope as rope_op
-    from scripts.rope_group_ab import print_times
-
-    copy_tbps = bench.copy_bandwidth_tbps()
-    print(f"{torch.cuda.get_device_name()}, copy bandwidth {copy_tbps:.2f} TB/s", flush=True)
-    for dtype in (getattr(torch, name) for name in dtypes):
-        for packed in (False, True):
-            peers = {name: make for name, make in rope_op._bench_peers(False).items() if name in ("kernels", "compile")}
-            work = rope_op.rope_workload(peers, dtype, packed=packed)
-            calls = rotations(dtype, "cuda", packed, batch=4, heads=32, kv_heads=8, seq=4096, head_dim=128)
-            require_same_bits(calls)
-            fns = {"compile": work.forward_backward["compile"], "kernels (bench)": work.forward_backward["kernels"]}
-            times = bench.interleaved_graph_ms(fns | calls)
-            print_times(times, work.fwd_bwd_bytes / (copy_tbps * 1e9), "compile",
-                        f"{work.variant:6s} {str(dtype).removeprefix('torch.'):8s}")
-
-
-def main() -> None:
     from scripts.rope_group_ab import check_or_time
 
-    check_or_time(__doc__.splitlines()[0], check, time_on_gpu, "every variant once on the CPU, against the shipped bits")
+    launches = {name: lambda *args, variant=variant: launch_variant(variant, *args)
+                for name, variant in variants.items()}
+
+    def check() -> None:
+        for packed in (False, True):
+            for dtype in (torch.bfloat16, torch.float32):
+                require_same_bits(rotations(dtype, "cpu", packed, launches, **check_shape))
+        print(f"{len(variants)} variants: the shipped bits, plain and packed, bf16 and fp32")
+
+    def time_on_gpu(dtypes: list[str]) -> None:
+        from oracle import bench
+        from oracle.ops import rope as rope_op
+        from scripts.rope_group_ab import print_times
+
+        copy_tbps = bench.copy_bandwidth_tbps()
+        print(f"{torch.cuda.get_device_name()}, copy bandwidth {copy_tbps:.2f} TB/s", flush=True)
+        for dtype in (getattr(torch, name) for name in dtypes):
+            for packed in (False, True):
+                peers = {name: make for name, make in rope_op._bench_peers(False).items()
+                         if name in ("kernels", "compile")}
+                work = rope_op.rope_workload(peers, dtype, packed=packed)
+                calls = rotations(dtype, "cuda", packed, launches, batch=4, heads=32, kv_heads=8, seq=4096,
+                                  head_dim=128)
+                require_same_bits(calls)
+                fns = {"compile": work.forward_backward["compile"],
+                       "kernels (bench)": work.forward_backward["kernels"]}
+                times = bench.interleaved_graph_ms(fns | calls)
+                print_times(times, work.fwd_bwd_bytes / (copy_tbps * 1e9), "compile",
+                            f"{work.variant:6s} {str(dtype).removeprefix('torch.'):8s}")
+
+    check_or_time(description, check, time_on_gpu, "every variant once on the CPU, against the shipped bits")
 
 
 if __name__ == "__main__":
-    main()
+    # seq not a multiple of any TOKENS, heads not of GROUP 8: every mask is exercised
+    variants_main(__doc__.splitlines()[0], VARIANTS, launch_variant,
+                  dict(batch=2, heads=12, kv_heads=3, seq=19, head_dim=10))
