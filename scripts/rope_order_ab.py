@@ -15,7 +15,9 @@ one through the same code (``scripts/rope_positions_ab.py``). The variants here 
     groups inner     positions, then batch, then groups: all 16 programs of one position run together
     groups inner, K apart    the same, K's heads in programs of their own (5 groups of 8 at GQA 32/8)
 
-Every variant gives the shipped bits (checked before timing, and on a CPU by ``--check``). Timed as
+Every variant gives the shipped bits (checked before timing, and on a CPU by ``--check``). On the H200
+every other order was slower than the shipped one, plain and packed (docs/performance.md, the
+eighteenth session): the guess was wrong. Timed as
 ``scripts/rope_tokens_ab.py`` times (the clone, the forward in place, the backward into new tensors,
 CUDA graphs in turns with torch.compile's forward+backward), plain and packed, at Llama-3-8B's shape.
 
