@@ -36,9 +36,9 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-_rotate_heads = importlib.import_module("kernels.rope")._rotate_heads  # the module; kernels.rope is also the function
-
-GROUP = 8  # the shipped GROUP_SIZE
+_rope = importlib.import_module("kernels.rope")  # the module; the package's rope is the function
+_rotate_heads = _rope._rotate_heads
+GROUP = _rope.GROUP_SIZE  # heads a program, as shipped
 # name: (order, K in programs of its own); order 0 shipped, 1 batch inner, 2 groups inner
 VARIANTS = {
     "shipped order": (0, False),

@@ -20,7 +20,6 @@ Every variant gives the shipped bits (checked before timing, and on a CPU by ``-
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
@@ -29,9 +28,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.rope_order_ab import GROUP, table_row  # noqa: E402 - after the path
-
-_rotate_heads = importlib.import_module("kernels.rope")._rotate_heads  # the module; kernels.rope is also the function
+from scripts.rope_order_ab import GROUP, _rotate_heads, table_row  # noqa: E402 - after the path
 
 # name: (programs an SM, software-pipelining stages of the item loop)
 VARIANTS = {f"{per_sm} an SM, {stages} stage{'s' if stages > 1 else ''}": (per_sm, stages)
