@@ -15,6 +15,7 @@
 #   bash scripts/h200.sh rope-order                       # RoPE's programs in another order (the table's rows in L2)
 #   bash scripts/h200.sh rope-persistent                  # RoPE with a few persistent programs an SM
 #   bash scripts/h200.sh rope-eviction                    # RoPE with L2 eviction hints on its loads and stores
+#   bash scripts/h200.sh rope-placement                   # RoPE's tensors at chosen addresses, timed per placement
 #   bash scripts/h200.sh backward-floor                   # RMSNorm's backward rung by rung, from a copy to the kernel
 #   bash scripts/h200.sh backward-ab                      # carry .whl: RMSNorm's backward against Liger's, ncu too
 #   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # thorough examples, derived vs declared
@@ -241,6 +242,8 @@ for step in "$@"; do
       timeout ${ROPE_PERSISTENT_TIMEOUT:-150} python3 scripts/rope_persistent_ab.py 2>&1 | tee "$OUT/rope-persistent.log";;
     rope-eviction)  # RoPE's table kept in L2, Q's and K's streams evicted first (scripts/rope_eviction_ab.py)
       timeout ${ROPE_EVICTION_TIMEOUT:-150} python3 scripts/rope_eviction_ab.py 2>&1 | tee "$OUT/rope-eviction.log";;
+    rope-placement)  # plain and packed RoPE with their tensors at chosen gaps in one arena (scripts/rope_placement_ab.py)
+      timeout ${ROPE_PLACEMENT_TIMEOUT:-150} python3 scripts/rope_placement_ab.py 2>&1 | tee "$OUT/rope-placement.log";;
     overlap-forward)  # RMSNorm's forward at 65536 columns, a row's second sweep fused with the next row's first
       timeout ${OVERLAP_TIMEOUT:-200} python3 scripts/rms_norm_overlap_forward.py 2>&1 | tee "$OUT/overlap-forward.log";;
     smem-forward)  # RMSNorm's forward at 65536 columns, each row in shared memory (Gluon), timed; then ncu on one setting
