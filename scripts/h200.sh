@@ -243,7 +243,7 @@ for step in "$@"; do
     rope-eviction)  # RoPE's table kept in L2, Q's and K's streams evicted first (scripts/rope_eviction_ab.py)
       timeout ${ROPE_EVICTION_TIMEOUT:-150} python3 scripts/rope_eviction_ab.py 2>&1 | tee "$OUT/rope-eviction.log";;
     rope-placement)  # plain and packed RoPE with their tensors at chosen gaps in one arena (scripts/rope_placement_ab.py)
-      timeout ${ROPE_PLACEMENT_TIMEOUT:-150} python3 scripts/rope_placement_ab.py 2>&1 | tee "$OUT/rope-placement.log";;
+      timeout ${ROPE_PLACEMENT_TIMEOUT:-240} python3 scripts/rope_placement_ab.py 2>&1 | tee "$OUT/rope-placement.log";;
     overlap-forward)  # RMSNorm's forward at 65536 columns, a row's second sweep fused with the next row's first
       timeout ${OVERLAP_TIMEOUT:-200} python3 scripts/rms_norm_overlap_forward.py 2>&1 | tee "$OUT/overlap-forward.log";;
     smem-forward)  # RMSNorm's forward at 65536 columns, each row in shared memory (Gluon), timed; then ncu on one setting
