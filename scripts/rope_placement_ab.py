@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 from pathlib import Path
 
@@ -36,8 +37,6 @@ def placed_rotation(dtype, device: str, packed: bool, gaps: dict, batch: int, he
                     seq: int, head_dim: int):
     """A callable running the shipped forward (in place on copies of Q0 and K0) and backward (into new
     tensors) on tensors carved from one arena at ``gaps``; returns (Q, K, dQ_out, dK_out)."""
-    import math
-
     import torch
 
     from oracle.ops.rope import packed_positions, rotary_table
@@ -49,16 +48,16 @@ def placed_rotation(dtype, device: str, packed: bool, gaps: dict, batch: int, he
     shapes = {"sources": [(q_shape, dtype), (k_shape, dtype)], "work": [(q_shape, dtype), (k_shape, dtype)],
               "incoming": [(q_shape, dtype), (k_shape, dtype)], "outputs": [(q_shape, dtype), (k_shape, dtype)],
               "table": [(tuple(cos.shape), cos.dtype), (tuple(sin.shape), sin.dtype)]}
-    size = sum(gaps.get(group, 0) + sum(_bytes(s, d) for s, d in shapes[group]) for group in GROUPS)
+    size = sum(gaps.get(group, 0) + sum(_aligned(_bytes(s, d)) for s, d in shapes[group]) for group in GROUPS)
     arena = torch.empty(size, dtype=torch.uint8, device=device)
     views, offset = {}, 0
     for group in GROUPS:
         offset += gaps.get(group, 0)
         views[group] = []
         for shape, dt in shapes[group]:
-            n = math.prod(shape) * torch.empty((), dtype=dt).element_size()
+            n = _bytes(shape, dt)
             views[group].append(arena[offset:offset + n].view(dt).view(shape))
-            offset += _bytes(shape, dt)
+            offset += _aligned(n)
     (Q0, K0), (Q, K), (dQ, dK), (dQ_out, dK_out), (cos_p, sin_p) = (views[g] for g in GROUPS)
     for target, value in ((Q0, torch.randn(q_shape, generator=gen, dtype=dtype)),
                           (K0, torch.randn(k_shape, generator=gen, dtype=dtype)),
@@ -77,12 +76,14 @@ def placed_rotation(dtype, device: str, packed: bool, gaps: dict, batch: int, he
 
 
 def _bytes(shape, dtype) -> int:
-    import math
-
     import torch
 
-    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return -(-n // 256) * 256  # each tensor starts 256-byte aligned after the one before (CPU's odd shapes)
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def _aligned(n: int) -> int:
+    """Bytes to the next tensor: each starts 256-byte aligned after the one before (the CPU check's odd shapes)."""
+    return -(-n // 256) * 256
 
 
 def main() -> None:
@@ -105,22 +106,22 @@ def main() -> None:
         return
 
     from oracle import bench
-    from scripts.rope_group_ab import print_times
 
     copy_tbps = bench.copy_bandwidth_tbps()
     print(f"{torch.cuda.get_device_name()}, copy bandwidth {copy_tbps:.2f} TB/s", flush=True)
     shape = dict(batch=4, heads=32, kv_heads=8, seq=4096, head_dim=128)
     for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
+        qk_bytes = _bytes((shape["batch"], shape["heads"] + shape["kv_heads"], shape["seq"], shape["head_dim"]), dtype)
+        floor_ms = 4 * qk_bytes / (copy_tbps * 1e9)  # forward and backward each read and write Q and K
         for variant in args.variants.split(","):
             calls = {name: placed_rotation(dtype, "cuda", variant == "packed", gaps, **shape)
                      for name, gaps in PLACEMENTS.items()}
-            qk_bytes = 4 * (shape["heads"] + shape["kv_heads"]) * 4096 * 128 * torch.empty((), dtype=dtype).element_size()
             times = bench.interleaved_graph_ms(calls)
-            print_times(times, 4 * qk_bytes / (copy_tbps * 1e9), "no gaps",
-                        f"{variant:6s} {str(dtype).removeprefix('torch.'):8s}")
+            for name, ms in times.items():
+                print(f"{variant:6s} {str(dtype).removeprefix('torch.'):8s} {name:18s} {ms:.4f} ms, "
+                      f"{ms / floor_ms:.3f}x the floor, {ms / times['no gaps']:.3f}x no gaps", flush=True)
             del calls
             torch.cuda.empty_cache()
-
 
 if __name__ == "__main__":
     main()
