@@ -27,7 +27,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.rope_order_ab import GROUP  # noqa: E402 - after the path
+from scripts.rope_order_ab import GROUP, table_row  # noqa: E402 - after the path
 
 LAST, FIRST, NONE = "evict_last", "evict_first", ""
 # name: (the table's loads, Q's and K's loads, the stores)
@@ -72,38 +72,16 @@ def _rope_hinted_kernel(
     GROUP_SIZE: tl.constexpr, BLOCK_HALF: tl.constexpr,
     TABLE_POLICY: tl.constexpr, LOAD_POLICY: tl.constexpr, STORE_POLICY: tl.constexpr,
 ):
-    """kernels/rope.py's _rope_kernel, line for line, with the three eviction hints."""
+    """kernels/rope.py's _rope_kernel with the three eviction hints (the table row's: table_row's POLICY)."""
     token = tl.program_id(0).to(tl.int64)
     b = token // seq_len
     s = token % seq_len
     heads = tl.program_id(1).to(tl.int64) * GROUP_SIZE + tl.arange(0, GROUP_SIZE)
     cols = tl.arange(0, BLOCK_HALF).to(tl.int64)
-    col_mask = cols < half_dim
-    dtype: tl.constexpr = Qout_ptr.dtype.element_ty
-    if HAS_POSITIONS:
-        pos = tl.load(pos_ptr + b * pos_b_stride + s * pos_s_stride).to(tl.int64)
-        inside = (pos >= 0) & (pos < max_pos)
-        tl.device_assert(inside, "position_ids outside the table's rows")
-        pos = tl.where(inside, pos, 0)
-        col_mask = cols < tl.where(inside, half_dim, 0)
-    else:
-        pos = s
-    cos_row = cos_ptr + pos * cos_row_stride
-    sin_row = sin_ptr + pos * sin_row_stride
-    c1 = tl.load(cos_row + cols * cos_col_stride, mask=col_mask, other=0.0,
-                 eviction_policy=TABLE_POLICY).to(dtype).to(COMPUTE)
-    c2 = tl.load(cos_row + (cols + half_dim) * cos_col_stride, mask=col_mask, other=0.0,
-                 eviction_policy=TABLE_POLICY).to(dtype).to(COMPUTE)
-    s1 = tl.load(sin_row + cols * sin_col_stride, mask=col_mask, other=0.0,
-                 eviction_policy=TABLE_POLICY).to(dtype).to(COMPUTE)
-    s2 = tl.load(sin_row + (cols + half_dim) * sin_col_stride, mask=col_mask, other=0.0,
-                 eviction_policy=TABLE_POLICY).to(dtype).to(COMPUTE)
-    if BACKWARD_PASS:
-        sa = s2
-        sb = -s1
-    else:
-        sa = -s1
-        sb = s2
+    col_mask, c1, c2, sa, sb = table_row(
+        b, s, cols, cos_ptr, cos_row_stride, cos_col_stride, sin_ptr, sin_row_stride, sin_col_stride,
+        pos_ptr, pos_b_stride, pos_s_stride, max_pos, half_dim, Qout_ptr.dtype.element_ty,
+        HAS_POSITIONS, BACKWARD_PASS, COMPUTE, TABLE_POLICY)
     _rotate_heads_hinted(Qin_ptr, Qin_sb, Qin_sh, Qin_ss, Qin_sd, Qout_ptr, Qout_sb, Qout_sh, Qout_ss, Qout_sd,
                          b, s, heads, n_heads, cols, col_mask, half_dim, c1, c2, sa, sb,
                          COMPUTE, LOAD_POLICY, STORE_POLICY)

@@ -51,8 +51,10 @@ VARIANTS = {
 @triton.jit
 def table_row(b, s, cols, cos_ptr, cos_row_stride, cos_col_stride, sin_ptr, sin_row_stride, sin_col_stride,
               pos_ptr, pos_b_stride, pos_s_stride, max_pos, half_dim, dtype: tl.constexpr,
-              HAS_POSITIONS: tl.constexpr, BACKWARD_PASS: tl.constexpr, COMPUTE: tl.constexpr):
-    """The shipped kernel's table row for token (b, s), line for line: (the columns' mask, c1, c2, sa, sb)."""
+              HAS_POSITIONS: tl.constexpr, BACKWARD_PASS: tl.constexpr, COMPUTE: tl.constexpr,
+              POLICY: tl.constexpr):
+    """The shipped kernel's table row for token (b, s), its loads and casts: (the columns' mask, c1, c2, sa, sb).
+    POLICY: the table loads' L2 eviction hint ("" as shipped; scripts/rope_eviction_ab.py tries others)."""
     col_mask = cols < half_dim
     if HAS_POSITIONS:
         pos = tl.load(pos_ptr + b * pos_b_stride + s * pos_s_stride).to(tl.int64)
@@ -64,10 +66,13 @@ def table_row(b, s, cols, cos_ptr, cos_row_stride, cos_col_stride, sin_ptr, sin_
         pos = s
     cos_row = cos_ptr + pos * cos_row_stride
     sin_row = sin_ptr + pos * sin_row_stride
-    c1 = tl.load(cos_row + cols * cos_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
-    c2 = tl.load(cos_row + (cols + half_dim) * cos_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
-    s1 = tl.load(sin_row + cols * sin_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
-    s2 = tl.load(sin_row + (cols + half_dim) * sin_col_stride, mask=col_mask, other=0.0).to(dtype).to(COMPUTE)
+    second = cols + half_dim
+    c1 = tl.load(cos_row + cols * cos_col_stride, mask=col_mask, other=0.0, eviction_policy=POLICY)
+    c2 = tl.load(cos_row + second * cos_col_stride, mask=col_mask, other=0.0, eviction_policy=POLICY)
+    s1 = tl.load(sin_row + cols * sin_col_stride, mask=col_mask, other=0.0, eviction_policy=POLICY)
+    s2 = tl.load(sin_row + second * sin_col_stride, mask=col_mask, other=0.0, eviction_policy=POLICY)
+    c1, c2 = c1.to(dtype).to(COMPUTE), c2.to(dtype).to(COMPUTE)  # rounded to the model dtype, as shipped
+    s1, s2 = s1.to(dtype).to(COMPUTE), s2.to(dtype).to(COMPUTE)
     if BACKWARD_PASS:
         return col_mask, c1, c2, s2, -s1
     else:
@@ -102,7 +107,7 @@ def _rope_order_kernel(
     col_mask, c1, c2, sa, sb = table_row(
         b, s, cols, cos_ptr, cos_row_stride, cos_col_stride, sin_ptr, sin_row_stride, sin_col_stride,
         pos_ptr, pos_b_stride, pos_s_stride, max_pos, half_dim, Qout_ptr.dtype.element_ty,
-        HAS_POSITIONS, BACKWARD_PASS, COMPUTE)
+        HAS_POSITIONS, BACKWARD_PASS, COMPUTE, "")
     q_groups = tl.cdiv(n_heads, GROUP_SIZE)
     if SPLIT_K:
         if group < q_groups:

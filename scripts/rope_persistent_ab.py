@@ -55,7 +55,7 @@ def _rope_persistent_kernel(
         col_mask, c1, c2, sa, sb = table_row(
             b, s, cols, cos_ptr, cos_row_stride, cos_col_stride, sin_ptr, sin_row_stride, sin_col_stride,
             pos_ptr, pos_b_stride, pos_s_stride, max_pos, half_dim, Qout_ptr.dtype.element_ty,
-            HAS_POSITIONS, BACKWARD_PASS, COMPUTE)
+            HAS_POSITIONS, BACKWARD_PASS, COMPUTE, "")
         _rotate_heads(Qin_ptr, Qin_sb, Qin_sh, Qin_ss, Qin_sd, Qout_ptr, Qout_sb, Qout_sh, Qout_ss, Qout_sd,
                       b, s, heads, n_heads, cols, col_mask, half_dim, c1, c2, sa, sb, COMPUTE)
         _rotate_heads(Kin_ptr, Kin_sb, Kin_sh, Kin_ss, Kin_sd, Kout_ptr, Kout_sb, Kout_sh, Kout_ss, Kout_sd,

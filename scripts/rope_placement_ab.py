@@ -76,9 +76,7 @@ def placed_rotation(dtype, device: str, packed: bool, gaps: dict, batch: int, he
 
 
 def _bytes(shape, dtype) -> int:
-    import torch
-
-    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return math.prod(shape) * dtype.itemsize
 
 
 def _aligned(n: int) -> int:
