@@ -16,6 +16,7 @@
 #   bash scripts/h200.sh rope-persistent                  # RoPE with a few persistent programs an SM
 #   bash scripts/h200.sh rope-eviction                    # RoPE with L2 eviction hints on its loads and stores
 #   bash scripts/h200.sh rope-placement                   # RoPE's tensors at chosen addresses, timed per placement
+#   bash scripts/h200.sh rope-floor                       # plain RoPE rung by rung, from torch's neg to the kernel
 #   bash scripts/h200.sh backward-floor                   # RMSNorm's backward rung by rung, from a copy to the kernel
 #   bash scripts/h200.sh backward-ab                      # carry .whl: RMSNorm's backward against Liger's, ncu too
 #   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # thorough examples, derived vs declared
@@ -244,6 +245,8 @@ for step in "$@"; do
       timeout ${ROPE_EVICTION_TIMEOUT:-150} python3 scripts/rope_eviction_ab.py 2>&1 | tee "$OUT/rope-eviction.log";;
     rope-placement)  # plain and packed RoPE with their tensors at chosen gaps in one arena (scripts/rope_placement_ab.py)
       timeout ${ROPE_PLACEMENT_TIMEOUT:-240} python3 scripts/rope_placement_ab.py 2>&1 | tee "$OUT/rope-placement.log";;
+    rope-floor)  # plain RoPE's forward+backward against rungs doing less: neg, a flat stream, its rows copied
+      timeout ${ROPE_FLOOR_TIMEOUT:-150} python3 scripts/rope_floor.py 2>&1 | tee "$OUT/rope-floor.log";;
     overlap-forward)  # RMSNorm's forward at 65536 columns, a row's second sweep fused with the next row's first
       timeout ${OVERLAP_TIMEOUT:-200} python3 scripts/rms_norm_overlap_forward.py 2>&1 | tee "$OUT/overlap-forward.log";;
     smem-forward)  # RMSNorm's forward at 65536 columns, each row in shared memory (Gluon), timed; then ncu on one setting
