@@ -127,6 +127,7 @@ def calls(dtype, device: str) -> tuple[dict, tuple]:
     import torch
 
     from oracle.ops.rope import rotary_table
+    from scripts.rope_tokens_ab import forward_backward
 
     rope = importlib.import_module("kernels.rope")
     batch, heads, kv_heads, seq, head_dim = (4, 32, 8, 4096, 128) if device == "cuda" else (2, 12, 3, 7, 10)
@@ -136,13 +137,7 @@ def calls(dtype, device: str) -> tuple[dict, tuple]:
     cos, sin = rotary_table(seq, head_dim, 500000.0, device=device)
 
     def fwd_bwd(launch):
-        def call():
-            Q, K = Q0.clone(), K0.clone()
-            launch(Q, Q, K, K, cos, sin, None, False)
-            dQ_out, dK_out = torch.empty_like(dQ), torch.empty_like(dK)
-            launch(dQ, dQ_out, dK, dK_out, cos, sin, None, True)
-            return Q, K, dQ_out, dK_out
-        return call
+        return forward_backward(launch, Q0, K0, dQ, dK, cos, sin, None)
 
     rungs = {"clone": lambda: (Q0.clone(), K0.clone())} | {name: fwd_bwd(launch) for name, launch in LAUNCHES.items()}
     return rungs | {"shipped": fwd_bwd(rope._launch)}, (Q0, K0, dQ, dK)

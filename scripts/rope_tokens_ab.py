@@ -161,15 +161,23 @@ def rotations(dtype, device: str, packed: bool, launches, batch: int, heads: int
     positions = packed_positions(batch, seq, torch.Generator().manual_seed(0)).to(device) if packed else None
 
     def fwd_bwd(launch):
-        def call():
-            Q, K = Q0.clone(), K0.clone()
-            launch(Q, Q, K, K, cos, sin, positions, False)
-            dQ_out, dK_out = torch.empty_like(dQ), torch.empty_like(dK)
-            launch(dQ, dQ_out, dK, dK_out, cos, sin, positions, True)
-            return Q, K, dQ_out, dK_out
-        return call
+        return forward_backward(launch, Q0, K0, dQ, dK, cos, sin, positions)
 
     return {"shipped": fwd_bwd(launch_shipped)} | {name: fwd_bwd(launch) for name, launch in launches.items()}
+
+
+def forward_backward(launch, Q0, K0, dQ, dK, cos, sin, positions):
+    """A callable returning (Q, K, dQ', dK'): Q0 and K0 cloned, ``launch`` rotating them in place, then dQ and
+    dK back into new tensors (the benchmark's forward+backward, without autograd)."""
+    import torch
+
+    def call():
+        Q, K = Q0.clone(), K0.clone()
+        launch(Q, Q, K, K, cos, sin, positions, False)
+        dQ_out, dK_out = torch.empty_like(dQ), torch.empty_like(dK)
+        launch(dQ, dQ_out, dK, dK_out, cos, sin, positions, True)
+        return Q, K, dQ_out, dK_out
+    return call
 
 
 def require_same_bits(calls) -> None:
