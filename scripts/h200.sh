@@ -18,6 +18,7 @@
 #   bash scripts/h200.sh rope-placement                   # RoPE's tensors at chosen addresses, timed per placement
 #   bash scripts/h200.sh rope-floor                       # plain RoPE rung by rung, from torch's neg to the kernel
 #   bash scripts/h200.sh backward-floor                   # RMSNorm's backward rung by rung, from a copy to the kernel
+#   bash scripts/h200.sh dw-sum                           # the dW partial rows' sum with fewer columns a program
 #   bash scripts/h200.sh backward-ab                      # carry .whl: RMSNorm's backward against Liger's, ncu too
 #   PROFILE_IMPL=hf PROFILE_OP=rms_norm bash scripts/h200.sh drawn-profile  # thorough examples, derived vs declared
 #   IMPL=hf bash scripts/h200.sh thorough-impl          # the thorough profile for another implementation
@@ -233,6 +234,8 @@ for step in "$@"; do
         --out "$OUT/tune-forward-gemma-parts.json" 2>&1 | tee "$OUT/tune-forward-gemma-parts.log" | tail -1;;
     backward-floor)  # RMSNorm's backward rung by rung from a copy to the shipped kernel (scripts/backward_floor.py)
       timeout ${FLOOR_TIMEOUT:-150} python3 scripts/backward_floor.py 2>&1 | tee "$OUT/backward-floor-h200.log";;
+    dw-sum)  # the launch summing dW's partial rows, 64 to 8 columns a program (scripts/rms_norm_dw_sum_ab.py)
+      timeout ${DW_SUM_TIMEOUT:-120} python3 scripts/rms_norm_dw_sum_ab.py 2>&1 | tee "$OUT/dw-sum.log";;
     rope-positions)  # plain RoPE against packed: the position values apart from the code path (scripts/rope_positions_ab.py)
       timeout ${ROPE_POSITIONS_TIMEOUT:-200} python3 scripts/rope_positions_ab.py 2>&1 | tee "$OUT/rope-positions.log";;
     rope-tokens)  # RoPE with several tokens a program and K's heads apart, against the shipped kernel (scripts/rope_tokens_ab.py)
