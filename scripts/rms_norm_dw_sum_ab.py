@@ -1,14 +1,16 @@
 """An experiment: the launch that sums RMSNorm's dW partial rows, with fewer columns a program (GPU).
 
 At narrow widths the backward's dW costs a launch of its own after the main one: kernels/rms_norm.py's
-sum_partials adds the programs' partial rows (one per backward program, about a thousand), 64 columns a
-program. At 256 columns that is 4 programs on 4 SMs, each walking every partial row: on an H100 the
-launch took 0.0110 ms of the backward's 0.1562 at 262144 x 256 (``scripts/backward_floor.py``,
-"dW's sum"), about what the shipped backward takes over its no-dW form (0.1462). Here the same kernel
-is launched with 64, 32, 16 and 8 columns a program, the partial rows steps (PARTIALS) as shipped, on
-the partial rows the shipped backward leaves at each width (2^26 bf16 elements, Llama); times are
-do_bench medians with L2 flushed, and each variant's dW is compared with the shipped launch's bits
-(the reduction tree inside a step follows the tile's layout, which the block size may change).
+sum_partials adds the programs' partial rows (one per backward program: 132 on an H100 from 256 to
+4096 columns), 64 columns a program. At 256 columns that is 4 programs on 4 SMs, each walking every
+partial row: on an H100 the launch took 0.0110 ms of the backward's 0.1562 at 262144 x 256
+(``scripts/backward_floor.py``, "dW's sum"), about what the shipped backward takes over its no-dW form
+(0.1462). Here the same kernel is launched with 64, 32, 16 and 8 columns a program, the partial rows'
+steps (PARTIALS) as shipped, on the partial rows the shipped backward leaves at each width (2^26 bf16
+elements, Llama); times are do_bench medians with L2 flushed, and each variant's dW is compared with
+the shipped launch's bits (the reduction tree inside a step follows the tile's layout, which the block
+size may change). On an H100, 16 columns a program took about 3 us less at every width, with the same
+bits up to 2048 columns (docs/performance.md, the twentieth session).
 
     python scripts/rms_norm_dw_sum_ab.py              # on the GPU machine: widths 256 to 4096
     python scripts/rms_norm_dw_sum_ab.py --check      # any machine: each block size's dW against torch's sum
