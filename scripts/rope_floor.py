@@ -36,6 +36,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 FLAT_BLOCK = 4096
+rope = importlib.import_module("kernels.rope")  # the module; the package's rope is the function
 
 
 @triton.jit
@@ -98,7 +99,6 @@ def launch_rows(Q_in, Q_out, K_in, K_out, cos, sin, position_ids, backward: bool
     """kernels/rope.py's _launch: its grid and warps."""
     from kernels._launch import cdiv, next_power_of_2
 
-    rope = importlib.import_module("kernels.rope")  # the module; the package's rope is the function
     batch, n_heads, seq, head_dim = Q_out.shape
     block_half = next_power_of_2(head_dim // 2)
     _rows_kernel[(batch * seq, cdiv(n_heads, rope.GROUP_SIZE))](
@@ -129,7 +129,6 @@ def calls(dtype, device: str) -> tuple[dict, tuple]:
     from oracle.ops.rope import rotary_table
     from scripts.rope_tokens_ab import forward_backward
 
-    rope = importlib.import_module("kernels.rope")
     batch, heads, kv_heads, seq, head_dim = (4, 32, 8, 4096, 128) if device == "cuda" else (2, 12, 3, 7, 10)
     gen = torch.Generator().manual_seed(0)
     Q0, dQ = (torch.randn(batch, heads, seq, head_dim, generator=gen, dtype=dtype).to(device) for _ in range(2))

@@ -121,5 +121,6 @@ def main() -> None:
             del calls
             torch.cuda.empty_cache()
 
+
 if __name__ == "__main__":
     main()
