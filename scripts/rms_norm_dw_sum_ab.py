@@ -2,15 +2,16 @@
 
 At narrow widths the backward's dW costs a launch of its own after the main one: kernels/rms_norm.py's
 sum_partials adds the programs' partial rows (one per backward program: 132 on an H100 from 256 to
-4096 columns), 64 columns a program. At 256 columns that is 4 programs on 4 SMs, each walking every
+4096 columns), 64 columns a program before this experiment. At 256 columns that is 4 programs on 4 SMs, each walking every
 partial row: on an H100 the launch took 0.0110 ms of the backward's 0.1562 at 262144 x 256
 (``scripts/backward_floor.py``, "dW's sum"), about what the shipped backward takes over its no-dW form
 (0.1462). Here the same kernel is launched with 64, 32, 16 and 8 columns a program, the partial rows'
 steps (PARTIALS) as shipped, on the partial rows the shipped backward leaves at each width (2^26 bf16
 elements, Llama); times are do_bench medians with L2 flushed, and each variant's dW is compared with
-the shipped launch's bits (the reduction tree inside a step follows the tile's layout, which the block
+the 64 columns' bits (the reduction tree inside a step follows the tile's layout, which the block
 size may change). On an H100, 16 columns a program took about 3 us less at every width, with the same
-bits up to 2048 columns (docs/performance.md, the twentieth session).
+bits up to 2048 columns (docs/performance.md, the twentieth session): the shipped sum now takes 16 up
+to 4096 columns (``_sum_columns``).
 
     python scripts/rms_norm_dw_sum_ab.py              # on the GPU machine: widths 256 to 4096
     python scripts/rms_norm_dw_sum_ab.py --check      # any machine: each block size's dW against torch's sum
@@ -31,11 +32,7 @@ rms = importlib.import_module("kernels.rms_norm")  # the module (kernels.rms_nor
 
 def sum_with_block(dW, partials, programs: int, n_rows: int, rows_per_program: int, block: int) -> None:
     """kernels/rms_norm.py's sum_partials (partials in a buffer of their own), ``block`` columns a program."""
-    from kernels._launch import cdiv
-
-    n_cols = dW.numel()
-    rms.launch(rms._sum_partials_kernel, (cdiv(n_cols, block),), dW, partials, programs, n_cols, n_rows,
-               rows_per_program, 0, DX_BYTES=2, PARTIALS=32, BLOCK_SIZE=block)
+    rms.sum_partials(dW, partials, programs, n_rows, rows_per_program, 0, 2, columns=block)
 
 
 def _case(rows: int, cols: int, device: str):
@@ -82,13 +79,13 @@ def main() -> None:
     for cols in (int(c) for c in args.widths.split(",")):
         rows = 2**26 // cols
         programs, per_program, partials = _case(rows, cols, "cuda")
-        shipped = torch.empty(cols, device="cuda", dtype=torch.bfloat16)
-        sum_with_block(shipped, partials, programs, rows, per_program, BLOCKS[0])
+        wide = torch.empty(cols, device="cuda", dtype=torch.bfloat16)  # 64 columns a program, as first shipped
+        sum_with_block(wide, partials, programs, rows, per_program, BLOCKS[0])
         line = []
         for block in BLOCKS:
-            dW = torch.empty_like(shipped)
+            dW = torch.empty_like(wide)
             sum_with_block(dW, partials, programs, rows, per_program, block)
-            same = "same bits" if torch.equal(dW, shipped) else "other bits"
+            same = "same bits" if torch.equal(dW, wide) else "other bits"
             ms = do_bench(lambda: sum_with_block(dW, partials, programs, rows, per_program, block),
                           return_mode="median")
             line.append(f"{block} cols {ms * 1000:.1f} us ({same})")
