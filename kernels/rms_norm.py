@@ -685,8 +685,9 @@ def sum_partials(dW: torch.Tensor, partials: torch.Tensor, programs: int, n_rows
 
 def _sum_columns(n_cols: int) -> int:
     """Columns per program of the partials' sum. Up to 4096 columns, 64 a program left most SMs idle (4
-    programs at 256 columns): 16 took the H100's sum from 10.7-11.3 to 7.8-8.7 us, the same bits up to 2048
-    (scripts/rms_norm_dw_sum_ab.py). Wider rows fill the device at 64 already, and kept it (not measured)."""
+    programs at 256 columns): 16 took the H100's sum from 10.7-11.3 to 7.8-8.7 us, the same bits up to
+    2048 (scripts/rms_norm_dw_sum_ab.py). Wider rows keep 64, which fills the device already (not
+    measured there)."""
     return 16 if n_cols <= 4096 else 64
 
 

@@ -399,6 +399,18 @@ def test_partials_stay_in_a_buffer_of_their_own_where_dx_cannot_lend_its_rows(de
     assert reserved(torch.empty_like(X).t(), X, 1024, 256, 8, 128, torch.float32) == 0  # not contiguous
 
 
+@pytest.mark.parametrize("cols", [40, 4096, 4097])  # its own columns: 16 (a tail of 8), 16 (no tail), 64 (a tail of 1)
+def test_the_partial_rows_sum_into_dw_at_any_columns_a_program(cols, device):
+    """sum_partials adds all 40 partial rows (a full step of 32 and a masked one) into every column of
+    dW, at the columns a program it picks and at 16 and 64: torch's float64 sum, rounded once."""
+    partials = torch.randn(40, cols, generator=torch.Generator().manual_seed(cols)).to(device)
+    expected = partials.double().sum(0).float()
+    for columns in (None, 16, 64):
+        dW = torch.full((cols,), float("nan"), device=device)
+        rms_module.sum_partials(dW, partials, 40, 40, 1, 0, 4, columns=columns)
+        torch.testing.assert_close(dW, expected, msg=f"columns={columns} (None: its own)")
+
+
 ONE_RANGE = Config("split", 4, rows=4, chunk=16, programs_per_sm=1)  # 4 slots, chunks of 16: one row range
 
 
