@@ -5,10 +5,10 @@ sum_partials adds the programs' partial rows (one per backward program: 132 on a
 4096 columns), 64 columns a program before this experiment. At 256 columns that is 4 programs on 4
 SMs, each walking every partial row: on an H100 the launch took 0.0110 ms of the backward's 0.1562
 at 262144 x 256 (``scripts/backward_floor.py``, "dW's sum"), about what the shipped backward took over
-its no-dW form (0.1462). Here the same kernel is launched with 64, 32, 16 and 8 columns a program, the partial rows'
-steps (PARTIALS) as shipped, on the partial rows the shipped backward leaves at each width (2^26 bf16
-elements, Llama); times are do_bench medians with L2 flushed, and each variant's dW is compared with
-the 64 columns' bits (the reduction tree inside a step follows the tile's layout, which the block
+its no-dW form (0.1462). Here the same kernel is launched with 64, 32, 16 and 8 columns a program,
+the partial rows' steps (PARTIALS) as shipped, on the partial rows the shipped backward leaves at each
+width (2^26 bf16 elements, Llama); times are do_bench medians with L2 flushed, and each variant's dW
+is compared with the 64 columns' bits (the reduction tree inside a step follows the tile's layout, which the block
 size may change). On an H100, 16 columns a program took about 3 us less at every width, with the same
 bits up to 2048 columns (docs/performance.md, the twentieth session): the shipped sum now takes 16 up
 to 4096 columns (``_sum_columns``).
