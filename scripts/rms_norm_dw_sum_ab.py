@@ -8,10 +8,10 @@ at 262144 x 256 (``scripts/backward_floor.py``, "dW's sum"), about what the ship
 its no-dW form (0.1462). Here the same kernel is launched with 64, 32, 16 and 8 columns a program,
 the partial rows' steps (PARTIALS) as shipped, on the partial rows the shipped backward leaves at each
 width (2^26 bf16 elements, Llama); times are do_bench medians with L2 flushed, and each variant's dW
-is compared with the 64 columns' bits (the reduction tree inside a step follows the tile's layout, which the block
-size may change). On an H100, 16 columns a program took about 3 us less at every width, with the same
-bits up to 2048 columns (docs/performance.md, the twentieth session): the shipped sum now takes 16 up
-to 4096 columns (``_sum_columns``).
+is compared with the 64 columns' bits (the reduction tree inside a step follows the tile's layout,
+which the block size may change). On an H100, 16 columns a program took about 3 us less at every
+width, with the same bits up to 2048 columns (docs/performance.md, the twentieth session): the
+shipped sum now takes 16 up to 4096 columns (``_sum_columns``).
 
     python scripts/rms_norm_dw_sum_ab.py              # on the GPU machine: widths 256 to 4096
     python scripts/rms_norm_dw_sum_ab.py --check      # any machine: each block size's dW against torch's sum
