@@ -678,7 +678,9 @@ def sum_partials(dW: torch.Tensor, partials: torch.Tensor, programs: int, n_rows
     """dW = the sum of the backward programs' partial rows, where _partial_start puts them (a launch of its
     own: scripts/backward_floor.py times it alone), ``columns`` a program (default: _sum_columns)."""
     n_cols = dW.numel()
-    columns = columns or _sum_columns(n_cols)
+    columns = _sum_columns(n_cols) if columns is None else columns
+    if columns < 1 or columns & (columns - 1):
+        raise ValueError(f"sum_partials: columns a program must be a power of two, got {columns}")
     launch(_sum_partials_kernel, (cdiv(n_cols, columns),), dW, partials, programs, n_cols, n_rows, rows_per_program,
            reserved, DX_BYTES=dx_bytes, PARTIALS=32, BLOCK_SIZE=columns)
 

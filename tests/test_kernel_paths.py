@@ -411,6 +411,15 @@ def test_the_partial_rows_sum_into_dw_at_any_columns_a_program(cols, device):
         torch.testing.assert_close(dW, expected, msg=f"columns={columns} (None: its own)")
 
 
+@pytest.mark.parametrize("columns", [0, -16, 24])
+def test_the_partial_rows_sum_refuses_columns_a_program_no_block_can_take(columns, device):
+    """A block's width is a power of two: 0 (which a truthiness default would have read as "pick one"), a
+    negative width and 24 fail before any launch, naming the width."""
+    dW = torch.zeros(40, device=device)
+    with pytest.raises(ValueError, match=f"power of two, got {columns}"):
+        rms_module.sum_partials(dW, torch.zeros(40, 40, device=device), 40, 40, 1, 0, 4, columns=columns)
+
+
 ONE_RANGE = Config("split", 4, rows=4, chunk=16, programs_per_sm=1)  # 4 slots, chunks of 16: one row range
 
 
