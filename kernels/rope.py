@@ -39,8 +39,6 @@ Note [RoPE under torch.compile]
 from __future__ import annotations
 
 import contextlib
-import math
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -176,19 +174,23 @@ def rope_warps(block_half: int) -> int:
     return max(1, min(8, GROUP_SIZE * block_half // 512))
 
 
-@dataclass(frozen=True)
 class _Placement:
     """Where Q (or K) lies in the buffer that autograd is told about: its shape and strides, and its
-    first element's offset from the buffer's."""
+    first element's offset from the buffer's; ``whole`` when it is the buffer itself (not a view),
+    the common case, which backward then uses as it comes."""
 
-    buffer: int  # index into RotatedInPlace's buffers
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int
+    __slots__ = ("buffer", "shape", "stride", "offset", "numel", "whole")
+
+    def __init__(self, buffer: int, t: torch.Tensor, owner: torch.Tensor) -> None:
+        self.buffer = buffer  # index into RotatedInPlace's buffers
+        self.shape, self.stride = tuple(t.shape), t.stride()
+        self.offset = t.storage_offset() - owner.storage_offset()
+        self.numel = t.numel()
+        self.whole = t is owner
 
     def within(self, t: torch.Tensor) -> torch.Tensor:
         """The same place in ``t``, a tensor laid out like the buffer."""
-        return t.as_strided(self.shape, self.stride, t.storage_offset() + self.offset)
+        return t if self.whole else t.as_strided(self.shape, self.stride, t.storage_offset() + self.offset)
 
 
 def _buffers(Q: torch.Tensor, K: torch.Tensor) -> tuple[list[torch.Tensor], tuple[_Placement, _Placement]]:
@@ -202,8 +204,15 @@ def _buffers(Q: torch.Tensor, K: torch.Tensor) -> tuple[list[torch.Tensor], tupl
         if index is None:
             index = len(buffers)
             buffers.append(owner)
-        placements.append(_Placement(index, tuple(t.shape), t.stride(), t.storage_offset() - owner.storage_offset()))
+        placements.append(_Placement(index, t, owner))
     return buffers, tuple(placements)
+
+
+def _layouts(buffers, placements) -> list[tuple[torch.Size, tuple[int, ...], bool]]:
+    """Each buffer's shape and strides, and whether Q and K leave part of it out (V of a fused
+    projection): what backward needs to lay out a buffer's gradient."""
+    return [(b.shape, b.stride(), sum(p.numel for p in placements if p.buffer == i) != b.numel())
+            for i, b in enumerate(buffers)]
 
 
 class RotatedInPlace(torch.autograd.Function):
@@ -227,7 +236,7 @@ class RotatedInPlace(torch.autograd.Function):
         ctx.mark_dirty(*buffers)
         ctx.set_materialize_grads(False)
         ctx.placements = placements
-        ctx.layouts = [(b.shape, b.stride(), b.numel()) for b in buffers]
+        ctx.layouts = _layouts(buffers, placements)
         ctx.save_for_backward(cos, sin, position_ids)
         return buffers
 
@@ -235,16 +244,15 @@ class RotatedInPlace(torch.autograd.Function):
     def backward(ctx, *grads):
         cos, sin, position_ids = ctx.saved_tensors
         sources, results = [], []
-        for index, ((shape, stride, numel), grad) in enumerate(zip(ctx.layouts, grads)):
+        for (shape, stride, partial), grad in zip(ctx.layouts, grads):
             result = None if grad is None else torch.empty_strided(shape, stride, dtype=grad.dtype, device=grad.device)
-            covered = sum(math.prod(p.shape) for p in ctx.placements if p.buffer == index)
-            if grad is not None and (grad.stride() != stride or covered != numel):
+            if grad is not None and (partial or grad.stride() != stride):
                 result.copy_(grad)  # rotate inside a copy: other layout, or parts that pass through
                 grad = result
             sources.append(grad)
             results.append(result)
         rotated = [(p.within(sources[p.buffer]), p.within(results[p.buffer]))
-                   for p in ctx.placements if sources[p.buffer] is not None and math.prod(p.shape) > 0]
+                   for p in ctx.placements if sources[p.buffer] is not None and p.numel > 0]
         if rotated:
             if position_ids is not None:  # written since forward? (.data and numpy writes bump no version)
                 require_positions_in_table(position_ids, cos.shape[0])
@@ -315,6 +323,8 @@ def _positions_per_token(position_ids, batch: int, seq: int, max_pos: int) -> to
         return None
     if position_ids.dtype not in POSITION_DTYPES:
         raise TypeError(f"position_ids must be an int64 or int32 tensor, got {position_ids.dtype}")
+    if position_ids.shape == (batch, seq):  # first: no new view on every call when nothing needs broadcasting
+        return position_ids
     if position_ids.dim() == 2 and position_ids.shape[0] == 1 and position_ids.shape[1] == seq:
         return position_ids.expand(batch, seq)
     if tuple(position_ids.shape) != (batch, seq):
@@ -392,8 +402,11 @@ def _require_safe_memory(Q, K, cos, sin, position_ids, writes: bool) -> None:
 
 
 def _per_token(position_ids: torch.Tensor | None, Q: torch.Tensor) -> torch.Tensor | None:
-    """(batch, seq) positions; the ops also take the contract's (1, seq) row and broadcast it."""
-    return None if position_ids is None else position_ids.expand(Q.shape[0], Q.shape[2])
+    """(batch, seq) positions; the ops also take the contract's (1, seq) row and broadcast it (the
+    wrapper has already: no second view on every call)."""
+    if position_ids is None or position_ids.shape == (Q.shape[0], Q.shape[2]):
+        return position_ids
+    return position_ids.expand(Q.shape[0], Q.shape[2])
 
 
 # --- the custom ops (kernels/_library.py) --------------------------------------------------------

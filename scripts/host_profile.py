@@ -155,8 +155,9 @@ def rope_layers(shape: str) -> None:
     cos, sin = rotary_table(seq, head_dim, 500000.0, device="cuda")
     packed = packed_positions(batch, seq, torch.Generator().manual_seed(0)).cuda()
     for name, positions in (("plain", None), ("packed", packed)):
-        ctx = types.SimpleNamespace(saved_tensors=(cos, sin, positions), placements=rope_module._buffers(Q, K)[1],
-                                    layouts=[(t.shape, t.stride(), t.numel()) for t in (Q, K)])
+        buffers, placements = rope_module._buffers(Q, K)
+        ctx = types.SimpleNamespace(saved_tensors=(cos, sin, positions), placements=placements,
+                                    layouts=rope_module._layouts(buffers, placements))
         rows = [
             ("Triton launch alone (_launch)", lambda: rope_module._launch(Q, Q, K, K, cos, sin, positions, False)),
             ("+ the op's body (memory checks)", lambda: rope_module._rotate_in_place(Q, K, cos, sin, positions)),
