@@ -8,6 +8,7 @@ import ast
 import copy
 import difflib
 import functools
+import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -58,6 +59,37 @@ def _offset(lines: list[str], line: int, column_bytes: int) -> int:
     """Character offset in the text of (1-based line, UTF-8 byte column), as ast gives positions."""
     before = sum(len(text) for text in lines[:line - 1])
     return before + len(lines[line - 1].encode("utf-8")[:column_bytes].decode("utf-8", errors="ignore"))
+
+
+def _source_lines(text: str) -> list[str]:
+    """The text's lines with their ends, split where Python's parser splits them (\\r\\n, \\n, \\r)."""
+    lines, start = [], 0
+    for end in re.finditer(r"\r\n|\n|\r", text):
+        lines.append(text[start:end.end()])
+        start = end.end()
+    if start < len(text):
+        lines.append(text[start:])
+    return lines
+
+
+def _segment(lines: list[str], node: ast.AST) -> str | None:
+    """``ast.get_source_segment(text, node)`` given the text's ``_source_lines``, split once rather
+    than for every node (ast splits the whole file on each call). Columns are UTF-8 byte offsets."""
+    if getattr(node, "end_lineno", None) is None or getattr(node, "end_col_offset", None) is None:
+        return None
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first].encode()[node.col_offset:node.end_col_offset].decode()
+    head = lines[first].encode()[node.col_offset:].decode()
+    tail = lines[last].encode()[:node.end_col_offset].decode()
+    return "".join([head, *lines[first + 1:last], tail])
+
+
+def _parsed(text: str) -> ast.Module | None:
+    try:
+        return ast.parse(text)
+    except SyntaxError:
+        return None
 
 
 def _edited(text: str, start: tuple[int, int], end: tuple[int, int], replacement: str) -> str:
@@ -132,7 +164,7 @@ def mutants_of(file: str, module: str, kernels: set[str] | None = None, first: i
     """Every mutant of one file's @triton.jit functions (only those named in ``kernels``, when
     given) and of its host code (the operators marked ``host``), numbered from ``first``."""
     text = Path(file).read_text(encoding="utf-8")
-    tree = ast.parse(text)
+    tree, lines = ast.parse(text), _source_lines(text)
     found: list[Mutant] = []
     seen: set[tuple] = set()
     for function in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
@@ -141,7 +173,7 @@ def mutants_of(file: str, module: str, kernels: set[str] | None = None, first: i
             continue
         parents = {child: node for node in ast.walk(function) for child in ast.iter_child_nodes(node)}
         for operator, node, _, replacement in _sites(function, jit):
-            original = ast.get_source_segment(text, node)
+            original = _segment(lines, node)
             new = replacement if isinstance(replacement, str) else ast.unparse(replacement)
             start, end = (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)
             key = (start, end, new)
@@ -151,23 +183,21 @@ def mutants_of(file: str, module: str, kernels: set[str] | None = None, first: i
             statement = _statement_of(node, parents)
             mutant = Mutant(first + len(found), operator.name, file, module, function.name, function.lineno, node.lineno,
                             statement.lineno, jit, start, end, original, new)
-            if not isinstance(replacement, str) and not _reads_as_meant(mutant, statement, node, replacement):
+            edited = _parsed(_edited(text, start, end, new))  # once a mutant: parsing the file is most of the time
+            if not isinstance(replacement, str) and not _reads_as_meant(edited, statement, node, replacement):
                 mutant = replace(mutant, replacement=f"({new})")  # `(a * b).to(t).to(c)` less its first .to
-            try:
-                ast.parse(mutant.source())
-            except SyntaxError:
+                edited = _parsed(_edited(text, start, end, mutant.replacement))
+            if edited is None:  # a syntax error
                 continue
             found.append(mutant)
     return found
 
 
-def _reads_as_meant(mutant: Mutant, statement: ast.stmt, node: ast.AST, replacement: ast.AST) -> bool:
-    """Whether the mutant's text parses as its statement with ``node`` replaced: an expression
-    put where its neighbours bind tighter (``.to(c)`` after ``a * b``) needs parentheses."""
-    try:
-        edited = ast.parse(mutant.source())
-    except SyntaxError:
-        return True  # refused by the caller
+def _reads_as_meant(edited: ast.Module | None, statement: ast.stmt, node: ast.AST, replacement: ast.AST) -> bool:
+    """Whether the mutant's text (``edited``, parsed) parses as its statement with ``node`` replaced:
+    an expression put where its neighbours bind tighter (``.to(c)`` after ``a * b``) needs parentheses."""
+    if edited is None:
+        return True  # a syntax error: refused by the caller
     meant = copy.deepcopy(statement)
     position = next(i for i, n in enumerate(ast.walk(statement)) if n is node)
     target = list(ast.walk(meant))[position]
