@@ -257,10 +257,13 @@ def test_the_gate_judges_the_survivors(tmp_path, capsys):
 
 # --- kills on the built-in kernels: each mutant fails a case of the CI profile the unmutated kernel passes
 
-def _kernel_mutants(op: str, picks: list[tuple[str, str, str]], wanted: dict) -> tuple[dict, dict]:
+def _kernel_mutants(op: str, picks: list[tuple[str, str, str]], wanted: dict,
+                    first: dict[str, dict] | None = None) -> tuple[dict, dict]:
     """The kernels' mutants ``picks`` (function, text of the line, operator) of ``op``'s kernel file,
     each run by oracle.mutate's runner on the CI profile's items ``wanted`` keeps (_wanted), and the
-    unmutated kernels on them: (item label -> the unmutated status, pick -> (status, checks)). In a
+    unmutated kernels on them: (item label -> the unmutated status, pick -> (status, checks)). A
+    mutant stops at its first failing item, so ``first`` (operator -> a filter like ``wanted``) runs
+    the items that should kill that mutant before the others; the unmutated kernels run them all. In a
     process of its own, as oracle.mutate runs: a process that imported the kernels (as pytest's may
     have) keeps their first registration of each custom op, and a mutant's would not replace it.
     Under the interpreter on every machine: these kills are the CPU profile's cases' (on a GPU the
@@ -269,8 +272,8 @@ def _kernel_mutants(op: str, picks: list[tuple[str, str, str]], wanted: dict) ->
             "print(json.dumps(_judged_here(*json.loads(sys.argv[1]))))")
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",  # the CPU's cases, on its device
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps([op, picks, wanted])], capture_output=True,
-                          text=True, cwd=ROOT / "tests", env=env, timeout=900)  # its conftest, not the root one
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps([op, picks, wanted, first or {}])],
+                          capture_output=True, text=True, cwd=ROOT / "tests", env=env, timeout=900)  # its conftest, not the root one
     assert proc.returncode == 0, proc.stderr[-3000:]
     statuses, outcomes = json.loads(proc.stdout.strip().splitlines()[-1])
     return statuses, {tuple(pick): tuple(outcome) for pick, outcome in outcomes}
@@ -289,11 +292,11 @@ def _on_the_cpu_profile() -> None:
 def _wanted(case, wanted: dict) -> bool:
     """Whether a case has ``wanted``'s dtype and variant (where given) and one of its ``dims``
     (each a dict of some of the case's dims)."""
-    return all(getattr(case, field) == wanted[field] for field in ("dtype", "variant") if field in wanted) and \
-        any(all(case.dims.get(k) == v for k, v in dims.items()) for dims in wanted["dims"])
+    return all(getattr(case, field) == wanted[field] for field in ("dtype", "variant", "values") if field in wanted) \
+        and any(all(case.dims.get(k) == v for k, v in dims.items()) for dims in wanted.get("dims", [{}]))
 
 
-def _judged_here(op: str, picks: list, wanted: dict) -> tuple[dict, list]:
+def _judged_here(op: str, picks: list, wanted: dict, first: dict) -> tuple[dict, list]:
     import tempfile
 
     from oracle import interpreter
@@ -309,16 +312,23 @@ def _judged_here(op: str, picks: list, wanted: dict) -> tuple[dict, list]:
     items = [item for item in items_of(SPECS[op], case_budget(), float64=False) if _wanted(item.case, wanted)]
     assert items, "no item of the CI profile is the one wanted"
     everything = list(range(len(items)))
-    found = {}
+    found, every_mutant = {}, mutants_of(str(file), f"kernels.{op}")  # once: seconds for a file of kernels
     for function, text, operator, *original in picks:  # original: the edited segment, where a line has several
         [found[(function, text, operator, *original)]] = [
-            m for m in mutants_of(str(file), f"kernels.{op}") if m.function == function
+            m for m in every_mutant if m.function == function
             and m.operator == operator and text in lines[m.line - 1] and m.original in (original or [m.original])]
     scratch = tempfile.mkdtemp(prefix="oracle-mutate-test-")
-    jobs = [(pick, (lambda m=m: ("mutant", {"mutant": m, "items": items, "order": everything, "impl": "kernels",
-                                             "op_modules": [], "scratch": scratch})), 900) for pick, m in found.items()]
-    jobs.append(("unmutated", lambda: ("baseline", {"items": items, "chosen": everything, "impl": "kernels",
-                                                    "op_modules": []}), 900))
+
+    def order(operator: str) -> list[int]:  # the items that should kill it first; sorted keeps the rest's order
+        return sorted(everything, key=lambda i: not _wanted(items[i].case, first.get(operator, {"dims": []})))
+
+    # The unmutated run first: the longest job, beside the mutants rather than after them.
+    jobs = [("unmutated", lambda: ("baseline", {"items": items, "chosen": everything, "impl": "kernels",
+                                                "op_modules": []}), 900)]
+    jobs += [(pick, (lambda m=m, order=order(pick[2]): ("mutant", {"mutant": m, "items": items, "order": order,
+                                                                     "impl": "kernels", "op_modules": [],
+                                                                     "scratch": scratch})), 900)
+             for pick, m in found.items()]
     answers = run_all(jobs, 2, native_gpu())
     unmutated = answers.pop("unmutated")
     assert isinstance(unmutated, dict), unmutated
@@ -336,7 +346,8 @@ def test_reads_past_a_tensor_fail_the_verdict():
     statuses, outcomes = _kernel_mutants("rms_norm", [
         ("_rms_norm_backward_kernel", "tl.load(inv_var_ptr + rows, mask=row_mask", "mask_dropped"),
         ("_row_chunk", "mask = cols < n_cols", "mask_off_by_one"),
-    ], {"dtype": "float32", "variant": "llama", "dims": [{"lead": [2, 33], "cols": 1}, {"cols": 65535}]})
+    ], {"dtype": "float32", "variant": "llama", "dims": [{"lead": [2, 33], "cols": 1}, {"cols": 65535}]},
+        first={"mask_dropped": {"dims": [{"cols": 1}]}, "mask_off_by_one": {"dims": [{"cols": 65535}]}})
     assert set(statuses.values()) == {"pass"} and len(statuses) == 2, statuses
     for pick, (status, checks) in outcomes.items():
         assert status == "fail" and "verdict" in checks, (pick, status, checks)
@@ -365,7 +376,7 @@ def test_every_variant_runs_the_widest_rows():
     statuses, outcomes = _kernel_mutants("rms_norm", [
         ("_row_chunk", "w = 1.0 + w", "sign_changed"),
         (*WIDE_FORWARD_EPS[lookup("forward", 65535, 1, 4).path], "eps_moved", "eps_hi"),
-    ], {"dims": [{"cols": 65535}]})
+    ], {"dims": [{"cols": 65535}]}, first={"sign_changed": {"variant": "gemma"}, "eps_moved": {"values": "tiny"}})
     assert set(statuses.values()) == {"pass"} and len(statuses) == 3, statuses
     for pick, (status, checks) in outcomes.items():
         assert status == "fail" and "verdict" in checks, (pick, status, checks)
