@@ -62,6 +62,13 @@ def main() -> None:
         Q, K = Q0.clone(), K0.clone()
         return torch.autograd.grad(kernels.rope(Q, K, cos, sin, position_ids), (Q0, K0), (dQ, dK))
 
+    def rope_backward_alone(position_ids=None):
+        """RotatedInPlace.backward on a recorded node (the node is its ctx), without autograd's engine."""
+        Q, K = Q0.clone(), K0.clone()
+        kernels.rope(Q, K, cos, sin, position_ids)
+        node = Q.grad_fn
+        return lambda: ROPE.RotatedInPlace.backward(node, dQ, dK)
+
     x = torch.randn(16, requires_grad=True)
     rows = {
         "floor: autograd.grad of y = x * 1": lambda: torch.autograd.grad(x * 1, x, torch.ones_like(x)),
@@ -72,6 +79,8 @@ def main() -> None:
         "floor: rope's two clones + grad": lambda: torch.autograd.grad((Q0.clone(), K0.clone()), (Q0, K0), (dQ, dK)),
         "rope fwd+bwd": rope_fwd_bwd,
         "rope fwd+bwd packed": lambda: rope_fwd_bwd(positions),
+        "rope backward alone": rope_backward_alone(),
+        "rope backward alone, packed": rope_backward_alone(positions),
     }
     print(f"torch {torch.__version__}; launches stubbed; best of 5 loops of 2000 calls")
     for name, fn in rows.items():
