@@ -273,7 +273,8 @@ def _kernel_mutants(op: str, picks: list[tuple[str, str, str]], wanted: dict,
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",  # the CPU's cases, on its device
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", code, json.dumps([op, picks, wanted, first or {}])],
-                          capture_output=True, text=True, cwd=ROOT / "tests", env=env, timeout=900)  # its conftest, not the root one
+                          capture_output=True, text=True, env=env, timeout=900,
+                          cwd=ROOT / "tests")  # its conftest, not the root one
     assert proc.returncode == 0, proc.stderr[-3000:]
     statuses, outcomes = json.loads(proc.stdout.strip().splitlines()[-1])
     return statuses, {tuple(pick): tuple(outcome) for pick, outcome in outcomes}
@@ -290,8 +291,8 @@ def _on_the_cpu_profile() -> None:
 
 
 def _wanted(case, wanted: dict) -> bool:
-    """Whether a case has ``wanted``'s dtype and variant (where given) and one of its ``dims``
-    (each a dict of some of the case's dims)."""
+    """Whether a case has ``wanted``'s dtype, variant and kind of values (where given) and one of its
+    ``dims`` (each a dict of some of the case's dims; any dims when there are none)."""
     return all(getattr(case, field) == wanted[field] for field in ("dtype", "variant", "values") if field in wanted) \
         and any(all(case.dims.get(k) == v for k, v in dims.items()) for dims in wanted.get("dims", [{}]))
 
