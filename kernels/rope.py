@@ -327,10 +327,8 @@ def _positions_per_token(position_ids, batch: int, seq: int, max_pos: int) -> to
         return position_ids
     if position_ids.dim() == 2 and position_ids.shape[0] == 1 and position_ids.shape[1] == seq:
         return position_ids.expand(batch, seq)
-    if tuple(position_ids.shape) != (batch, seq):
-        raise ValueError(f"position_ids must be (batch, seq) = ({batch}, {seq}) or (1, seq), "
-                         f"got {tuple(position_ids.shape)}")
-    return position_ids
+    raise ValueError(f"position_ids must be (batch, seq) = ({batch}, {seq}) or (1, seq), "
+                     f"got {tuple(position_ids.shape)}")
 
 
 def require_positions_in_table(position_ids: torch.Tensor, max_pos: int) -> None:

@@ -321,7 +321,9 @@ def _judged_here(op: str, picks: list, wanted: dict, first: dict) -> tuple[dict,
     scratch = tempfile.mkdtemp(prefix="oracle-mutate-test-")
 
     def order(operator: str) -> list[int]:  # the items that should kill it first; sorted keeps the rest's order
-        return sorted(everything, key=lambda i: not _wanted(items[i].case, first.get(operator, {"dims": []})))
+        if operator not in first:
+            return everything
+        return sorted(everything, key=lambda i: not _wanted(items[i].case, first[operator]))
 
     # The unmutated run first: the longest job, beside the mutants rather than after them.
     jobs = [("unmutated", lambda: ("baseline", {"items": items, "chosen": everything, "impl": "kernels",
